@@ -1,0 +1,177 @@
+"""The engine: batches of 16 kHz utterances in, transcripts out.
+
+One Engine serves every student of every room. transcribe_batch groups utterances that share an
+encoder length (see policy.py) into one encoder call and one decode loop, then applies the
+guards that keep text off non-speech: Whisper's no-speech gate and a repetition check that
+re-runs a suspicious utterance with the full 30 s window before giving up on it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from engines.backends import Backend, create_backend
+from engines.decoding import Decoded, detect_languages, greedy_decode
+from engines.features import N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel
+from engines.policy import DEFAULT_POLICY, POLICIES, EncoderPolicy
+from engines.tokenizer import WhisperTokenizer
+from engines.weights import load_weights
+
+# Whisper base drifts to traditional characters without a simplified-Chinese prompt.
+DEFAULT_PROMPTS = {"zh": "以下是普通话的句子。"}
+NO_SPEECH_THRESHOLD = 0.6  # Whisper's: silent if no-speech prob above this ...
+LOGPROB_THRESHOLD = -1.0  # ... and the decoded text is not confident either
+COMPRESSION_RATIO_THRESHOLD = 2.4  # zlib ratio above this is a repetition loop
+MAX_SAMPLE_LEN = 224  # Whisper's default cap on generated tokens
+
+
+@dataclass
+class Transcript:
+    text: str
+    language: str
+    no_speech_prob: float
+    avg_logprob: float
+    compression_ratio: float
+    encoder_frames: int
+    rejected: str | None = None  # why the text was withheld: "no_speech" or "repetition"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def token_budget(n_samples: int) -> int:
+    """Tokens an utterance may take: generous for fast speech (~10 tokens/s), short enough that
+    a loop is cut in a fraction of the time it would otherwise burn."""
+    return min(MAX_SAMPLE_LEN, 16 + int(10 * n_samples / SAMPLE_RATE))
+
+
+def compression_ratio(text: str) -> float:
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
+
+
+class Engine:
+    def __init__(self, model: str, backend: Backend, tokenizer: WhisperTokenizer, policy: EncoderPolicy) -> None:
+        self.model = model
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self._t2s: Callable[[str], str] | None = None
+
+    @property
+    def multilingual(self) -> bool:
+        return self.tokenizer.multilingual
+
+    def transcribe_batch(
+        self,
+        audios: Sequence[np.ndarray],
+        language: str | None = None,
+        prompt: str | None = None,
+    ) -> list[Transcript]:
+        """Transcribe utterances of up to 30 s each (float32 mono 16 kHz), in one batch where their
+        encoder lengths agree. language None (or "auto") detects it per utterance."""
+        for i, audio in enumerate(audios):
+            if audio.ndim != 1 or audio.size == 0:
+                raise ValueError(f"utterance {i}: expected non-empty mono audio, got shape {audio.shape}")
+            if audio.size > N_SAMPLES:
+                raise ValueError(f"utterance {i}: {audio.size / SAMPLE_RATE:.1f} s is over 30 s; use transcribe_long")
+        language = None if language == "auto" else language
+        if language is not None and self.multilingual and language not in self.tokenizer.languages:
+            raise ValueError(f"unknown language {language!r}")
+        frames = [self.policy.frames(a.size) for a in audios]
+        results = self._run(audios, frames, language, prompt)
+        # A loop or a likely hallucination at a short window gets one more try at 30 s.
+        retry = [i for i, r in enumerate(results) if r.rejected == "repetition" and frames[i] < N_FRAMES]
+        if retry:
+            again = self._run([audios[i] for i in retry], [N_FRAMES] * len(retry), language, prompt)
+            for i, r in zip(retry, again):
+                results[i] = r
+        return results
+
+    def transcribe_long(self, audio: np.ndarray, language: str | None = None, prompt: str | None = None) -> list[Transcript]:
+        """Audio of any length: cut into windows of at most 30 s at quiet points, batched together."""
+        return self.transcribe_batch(split_on_quiet(audio), language, prompt)
+
+    def _run(self, audios: Sequence[np.ndarray], frames: list[int], language: str | None, prompt: str | None) -> list[Transcript]:
+        results: list[Transcript | None] = [None] * len(audios)
+        by_frames: dict[int, list[int]] = defaultdict(list)
+        for i, f in enumerate(frames):
+            by_frames[f].append(i)
+        for n_frames, rows in by_frames.items():
+            mel = np.stack([log_mel(audios[i], n_frames) for i in rows])
+            state = self.backend.encode(mel)
+            if not self.multilingual:
+                languages = ["en"] * len(rows)
+            elif language is None:
+                languages = detect_languages(self.backend, state, self.tokenizer, len(rows))
+            else:
+                languages = [language] * len(rows)
+            # Rows with different languages get different prompts, so they decode apart.
+            by_language: dict[str, list[int]] = defaultdict(list)
+            for slot, lang in enumerate(languages):
+                by_language[lang].append(slot)
+            for lang, slots in by_language.items():
+                sub = state if len(slots) == len(rows) else self.backend.keep(state, np.array(slots))
+                text_prompt = prompt if prompt is not None else DEFAULT_PROMPTS.get(lang)
+                prompt_ids = self.tokenizer.encode(" " + text_prompt.strip()) if text_prompt else None
+                budgets = [token_budget(audios[rows[s]].size) for s in slots]
+                decoded = greedy_decode(self.backend, sub, self.tokenizer, [lang] * len(slots), budgets, prompt_ids)
+                for s, d in zip(slots, decoded):
+                    results[rows[s]] = self._finish(d, n_frames)
+        return [r for r in results if r is not None]
+
+    def _finish(self, d: Decoded, n_frames: int) -> Transcript:
+        text = self.tokenizer.decode(d.tokens).strip()
+        if d.language == "zh":
+            text = self._simplified(text)
+        ratio = compression_ratio(text)
+        rejected = None
+        if d.no_speech_prob > NO_SPEECH_THRESHOLD and d.avg_logprob < LOGPROB_THRESHOLD:
+            rejected = "no_speech"
+        elif d.hit_budget or ratio > COMPRESSION_RATIO_THRESHOLD:
+            rejected = "repetition"
+        return Transcript("" if rejected else text, d.language, d.no_speech_prob, d.avg_logprob, ratio, n_frames, rejected)
+
+    def _simplified(self, text: str) -> str:
+        """Any traditional character left over becomes its simplified form (OpenCC's t2s table)."""
+        if self._t2s is None:
+            from opencc import OpenCC
+
+            self._t2s = OpenCC("t2s").convert
+        return self._t2s(text)
+
+
+def split_on_quiet(audio: np.ndarray, window_s: float = 30.0, search_s: float = 5.0) -> list[np.ndarray]:
+    """Cut long audio into pieces of at most window_s, each cut at the quietest 100 ms of the last
+    search_s seconds of its window, so that a cut rarely falls inside a word."""
+    window, search, hop = int(window_s * SAMPLE_RATE), int(search_s * SAMPLE_RATE), SAMPLE_RATE // 10
+    pieces: list[np.ndarray] = []
+    start = 0
+    while audio.size - start > window:
+        tail = audio[start + window - search : start + window]
+        energy = np.square(tail[: tail.size // hop * hop].reshape(-1, hop)).mean(axis=1)
+        cut = start + window - search + int(energy.argmin()) * hop + hop // 2
+        pieces.append(audio[start:cut])
+        start = cut
+    pieces.append(audio[start:])
+    return [p for p in pieces if p.size]
+
+
+def load_engine(
+    model: str = "tiny.en",
+    backend: str = "onnxruntime",
+    threads: int = 2,
+    policy: str = DEFAULT_POLICY,
+    progress: Callable[[str], None] | None = None,
+) -> Engine:
+    """An engine for a packaged model; the first call builds its graphs into the cache."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown encoder policy {policy!r}; choose one of: {', '.join(POLICIES)}")
+    weights = load_weights(model)
+    tokenizer = WhisperTokenizer.load(weights.folder, weights.config, weights.dims.n_vocab)
+    return Engine(model, create_backend(backend, weights, threads, progress), tokenizer, POLICIES[policy])

@@ -1,0 +1,235 @@
+"""Whisper's encoder and decoder as ONNX graphs, built straight from the numpy weights.
+
+Built here rather than exported from PyTorch so that a fresh install needs neither torch nor CUDA.
+The graphs take dynamic shapes, which is what lets one worker batch students together:
+  encoder:  mel [batch, 80, frames]            -> cross_k [layers, batch, heads, head_dim, ctx],
+                                                  cross_v [layers, batch, heads, ctx, head_dim]
+  decoder:  tokens [batch, n], self_k/self_v [layers, batch, heads, past, head_dim], cross_k/v
+                                              -> logits [batch, vocab] (last position only),
+                                                 self_k/self_v with past + n positions
+The cross-attention keys and values are projected once per utterance in the encoder graph;
+each decoder step only adds its own positions to the self-attention cache.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from engines.cache import cache_dir
+from engines.weights import Weights
+
+# Bump when the graphs change shape or meaning: it is part of the cache key.
+GRAPH_VERSION = 1
+OPSET = 17
+NEG_INF = -1e9  # finite, so that a fully masked row cannot turn into NaN
+
+
+class _Builder:
+    """A thin layer over onnx.helper: one method per op, returning the output name."""
+
+    def __init__(self, tensors: dict[str, np.ndarray]) -> None:
+        self.tensors = tensors
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._names: set[str] = set()
+        self._count = 0
+
+    def const(self, value: np.ndarray, name: str | None = None) -> str:
+        name = name or f"c{len(self.initializers)}"
+        if name not in self._names:
+            self._names.add(name)
+            self.initializers.append(numpy_helper.from_array(np.array(value, order="C"), name))  # keeps 0-d scalars 0-d)
+        return name
+
+    def weight(self, key: str, transpose: bool = False, scale: float = 1.0) -> str:
+        array = self.tensors[key].astype(np.float32) * np.float32(scale)
+        return self.const(array.T if transpose else array, key + (".T" if transpose else ""))
+
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs: object) -> str | list[str]:
+        self._count += 1
+        names = [f"{op_type.lower()}_{self._count}_{i}" for i in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), names, **attrs))
+        return names[0] if outputs == 1 else names
+
+    def ints(self, *values: int) -> str:
+        return self.const(np.array(values, dtype=np.int64), "i64_" + "_".join(str(v).replace("-", "m") for v in values))
+
+    # --- layers ---------------------------------------------------------------------------
+    def linear(self, x: str, prefix: str, rows: slice | None = None, scale: float = 1.0) -> str:
+        """x @ W.T + b, optionally with a slice of the fused output rows (q, k or v)."""
+        w = self.tensors[prefix + "/weight"].astype(np.float32)
+        b = self.tensors[prefix + "/bias"].astype(np.float32)
+        if rows is not None:
+            w, b = w[rows], b[rows]
+        tag = "" if rows is None else f"[{rows.start}:{rows.stop}]"
+        y = self.op("MatMul", x, self.const((w * scale).T.copy(), f"{prefix}/W{tag}"))
+        if not np.any(b):
+            return y  # Whisper's key projections have no bias; CT2 stores zeros
+        return self.op("Add", y, self.const(b * scale, f"{prefix}/b{tag}"))
+
+    def layer_norm(self, x: str, prefix: str) -> str:
+        gamma, beta = self.weight(prefix + "/gamma"), self.weight(prefix + "/beta")
+        return self.op("LayerNormalization", x, gamma, beta, axis=-1, epsilon=1e-5)
+
+    def gelu(self, x: str) -> str:
+        # Exact (erf) GELU as Whisper uses; ONNX Runtime fuses this pattern into one kernel.
+        inner = self.op("Erf", self.op("Mul", x, self.const(np.array(1 / math.sqrt(2), np.float32), "rsqrt2")))
+        half = self.op("Mul", x, self.const(np.array(0.5, np.float32), "half"))
+        return self.op("Mul", half, self.op("Add", inner, self.const(np.array(1.0, np.float32), "one")))
+
+    def mlp(self, x: str, prefix: str) -> str:
+        h = self.layer_norm(x, prefix + "/layer_norm")
+        return self.linear(self.gelu(self.linear(h, prefix + "/linear_0")), prefix + "/linear_1")
+
+    def heads(self, x: str, n_heads: int, head_dim: int, perm: tuple[int, ...] = (0, 2, 1, 3)) -> str:
+        """[B, T, d] -> [B, H, T, hd] (or [B, H, hd, T] with perm (0, 2, 3, 1), a transposed key)."""
+        split = self.op("Reshape", x, self.ints(0, -1, n_heads, head_dim))
+        return self.op("Transpose", split, perm=list(perm))
+
+    def merge_heads(self, x: str, width: int) -> str:
+        return self.op("Reshape", self.op("Transpose", x, perm=[0, 2, 1, 3]), self.ints(0, -1, width))
+
+    def attend(self, q: str, k_t: str, v: str, mask: str | None = None) -> str:
+        """softmax(q k^T + mask) v with q pre-scaled by 1/sqrt(head_dim) in its weights."""
+        scores = self.op("MatMul", q, k_t)
+        if mask is not None:
+            scores = self.op("Add", scores, mask)
+        return self.op("MatMul", self.op("Softmax", scores, axis=-1), v)
+
+    def stack(self, names: list[str]) -> str:
+        return self.op("Concat", *[self.op("Unsqueeze", n, self.ints(0)) for n in names], axis=0)
+
+    def model(self, inputs: list[onnx.ValueInfoProto], outputs: dict[str, str], out_info: list[onnx.ValueInfoProto], name: str) -> onnx.ModelProto:
+        for out_name, node_output in outputs.items():
+            self.nodes.append(helper.make_node("Identity", [node_output], [out_name]))
+        graph = helper.make_graph(self.nodes, name, inputs, out_info, self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="streamserver")
+        model.ir_version = 8
+        return model
+
+
+def _f32(name: str, shape: list[str | int]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def build_encoder(weights: Weights) -> onnx.ModelProto:
+    d = weights.dims
+    hd = d.n_audio_state // d.n_heads
+    scale = hd**-0.5
+    g = _Builder(weights.tensors)
+    conv1 = g.op("Conv", "mel", g.weight("encoder/conv1/weight"), g.weight("encoder/conv1/bias"), pads=[1, 1])
+    conv2 = g.op("Conv", g.gelu(conv1), g.weight("encoder/conv2/weight"), g.weight("encoder/conv2/bias"), pads=[1, 1], strides=[2])
+    x = g.op("Transpose", g.gelu(conv2), perm=[0, 2, 1])
+    # Frames shorter than 30 s use the first ctx rows of the positional table (dynamic-length input).
+    ctx = g.op("Gather", g.op("Shape", x), g.ints(1))
+    positions = g.op("Slice", g.weight("encoder/position_encodings/encodings"), g.ints(0), ctx, g.ints(0))
+    x = g.op("Add", x, positions)
+    for i in range(d.n_audio_layer):
+        p = f"encoder/layer_{i}"
+        h = g.layer_norm(x, p + "/self_attention/layer_norm")
+        w = d.n_audio_state
+        q = g.heads(g.linear(h, p + "/self_attention/linear_0", slice(0, w), scale), d.n_heads, hd)
+        k = g.heads(g.linear(h, p + "/self_attention/linear_0", slice(w, 2 * w)), d.n_heads, hd, (0, 2, 3, 1))
+        v = g.heads(g.linear(h, p + "/self_attention/linear_0", slice(2 * w, 3 * w)), d.n_heads, hd)
+        x = g.op("Add", x, g.linear(g.merge_heads(g.attend(q, k, v), w), p + "/self_attention/linear_1"))
+        x = g.op("Add", x, g.mlp(x, p + "/ffn"))
+    x = g.layer_norm(x, "encoder/layer_norm")
+    ks, vs = [], []
+    w = d.n_audio_state
+    for i in range(d.n_text_layer):
+        p = f"decoder/layer_{i}/attention/linear_1"
+        ks.append(g.heads(g.linear(x, p, slice(0, w)), d.n_heads, hd, (0, 2, 3, 1)))
+        vs.append(g.heads(g.linear(x, p, slice(w, 2 * w)), d.n_heads, hd))
+    outputs = {"cross_k": g.stack(ks), "cross_v": g.stack(vs)}
+    out_info = [
+        _f32("cross_k", [d.n_text_layer, "batch", d.n_heads, hd, "ctx"]),
+        _f32("cross_v", [d.n_text_layer, "batch", d.n_heads, "ctx", hd]),
+    ]
+    return g.model([_f32("mel", ["batch", d.n_mels, "frames"])], outputs, out_info, "whisper_encoder")
+
+
+def build_decoder(weights: Weights) -> onnx.ModelProto:
+    d = weights.dims
+    w = d.n_audio_state
+    hd = w // d.n_heads
+    scale = hd**-0.5
+    g = _Builder(weights.tensors)
+    embed = g.weight("decoder/embeddings/weight")
+    past = g.op("Gather", g.op("Shape", "self_k"), g.ints(3))  # [1]
+    n_new = g.op("Gather", g.op("Shape", "tokens"), g.ints(1))
+    total = g.op("Add", past, n_new)
+    scalar = lambda t: g.op("Squeeze", t, g.ints(0))  # noqa: E731 - Range wants scalars
+    positions = g.op("Range", scalar(past), scalar(total), g.const(np.array(1, np.int64), "i64_step"))
+    x = g.op("Add", g.op("Gather", embed, "tokens"), g.op("Gather", g.weight("decoder/position_encodings/encodings"), positions))
+    # Causal mask over [new positions, past + new positions]: position p sees keys <= p.
+    key_pos = g.op("Unsqueeze", g.op("Range", g.const(np.array(0, np.int64), "i64_zero"), scalar(total), "i64_step"), g.ints(0))
+    query_pos = g.op("Unsqueeze", positions, g.ints(1))
+    mask = g.op("Where", g.op("Greater", key_pos, query_pos), g.const(np.array(NEG_INF, np.float32), "neg_inf"), g.const(np.array(0.0, np.float32), "zero"))
+    new_k, new_v = [], []
+    for i in range(d.n_text_layer):
+        p = f"decoder/layer_{i}"
+        layer = g.ints(i)
+        h = g.layer_norm(x, p + "/self_attention/layer_norm")
+        q = g.heads(g.linear(h, p + "/self_attention/linear_0", slice(0, w), scale), d.n_heads, hd)
+        k = g.heads(g.linear(h, p + "/self_attention/linear_0", slice(w, 2 * w)), d.n_heads, hd)
+        v = g.heads(g.linear(h, p + "/self_attention/linear_0", slice(2 * w, 3 * w)), d.n_heads, hd)
+        k_all = g.op("Concat", g.op("Squeeze", g.op("Gather", "self_k", layer, axis=0), g.ints(0)), k, axis=2)
+        v_all = g.op("Concat", g.op("Squeeze", g.op("Gather", "self_v", layer, axis=0), g.ints(0)), v, axis=2)
+        new_k.append(k_all)
+        new_v.append(v_all)
+        attn = g.attend(q, g.op("Transpose", k_all, perm=[0, 1, 3, 2]), v_all, mask)
+        x = g.op("Add", x, g.linear(g.merge_heads(attn, w), p + "/self_attention/linear_1"))
+        h = g.layer_norm(x, p + "/attention/layer_norm")
+        q = g.heads(g.linear(h, p + "/attention/linear_0", scale=scale), d.n_heads, hd)
+        cross_k = g.op("Squeeze", g.op("Gather", "cross_k", layer, axis=0), g.ints(0))
+        cross_v = g.op("Squeeze", g.op("Gather", "cross_v", layer, axis=0), g.ints(0))
+        x = g.op("Add", x, g.linear(g.merge_heads(g.attend(q, cross_k, cross_v), w), p + "/attention/linear_2"))
+        x = g.op("Add", x, g.mlp(x, p + "/ffn"))
+    last = g.op("Gather", x, g.const(np.array(-1, np.int64), "i64_last"), axis=1)  # only the next token is needed
+    logits = g.op("Gemm", g.layer_norm(last, "decoder/layer_norm"), embed, transB=1)
+    L, H = d.n_text_layer, d.n_heads
+    inputs = [
+        helper.make_tensor_value_info("tokens", TensorProto.INT64, ["batch", "n"]),
+        _f32("self_k", [L, "batch", H, "past", hd]),
+        _f32("self_v", [L, "batch", H, "past", hd]),
+        _f32("cross_k", [L, "batch", H, hd, "ctx"]),
+        _f32("cross_v", [L, "batch", H, "ctx", hd]),
+    ]
+    out_info = [
+        _f32("logits", ["batch", d.n_vocab]),
+        _f32("new_self_k", [L, "batch", H, "total", hd]),
+        _f32("new_self_v", [L, "batch", H, "total", hd]),
+    ]
+    outputs = {"logits": logits, "new_self_k": g.stack(new_k), "new_self_v": g.stack(new_v)}
+    return g.model(inputs, outputs, out_info, "whisper_decoder")
+
+
+Progress = Callable[[str], None]
+
+
+def graph_paths(weights: Weights, progress: Progress | None = None) -> tuple[Path, Path]:
+    """The encoder and decoder .onnx files for these weights, built on first use.
+
+    Keyed by the weights' sha256 and GRAPH_VERSION, so new weights or a changed builder never
+    reuse a stale graph. Written to a temporary name first: an interrupted build leaves no
+    half-written file behind to be loaded next time.
+    """
+    folder = cache_dir() / "graphs" / f"{weights.name}-{weights.sha256[:16]}-v{GRAPH_VERSION}"
+    paths = (folder / "encoder.onnx", folder / "decoder.onnx")
+    builders = (build_encoder, build_decoder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for step, (path, build) in enumerate(zip(paths, builders), start=1):
+        if path.exists():
+            continue
+        if progress:
+            progress(f"building {path.stem} graph for {weights.name} ({step}/2) -> {path}")
+        tmp = path.with_suffix(".tmp")
+        onnx.save(build(weights), tmp)
+        tmp.replace(path)
+    return paths
