@@ -1,0 +1,100 @@
+"""Decode any audio or video file to the 16 kHz mono float32 Whisper expects.
+
+PyAV (bundled FFmpeg) reads whatever a teacher uploads: wav, mp3, ogg/opus,
+m4a, or the audio track of a video. Every failure is reported as one
+:class:`AudioError` naming the file and the reason, so the server can turn it
+into a clean client error instead of a stack trace.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import av
+import numpy as np
+
+SAMPLE_RATE = 16000
+
+
+class AudioError(ValueError):
+    """The file could not be turned into audio samples (message says why)."""
+
+
+def _new_resampler() -> av.AudioResampler:
+    # s16 rather than flt: for a float output FFmpeg's stereo->mono matrix is
+    # not normalised (L and R are each weighted 0.707, so loud stereo exceeds
+    # 1.0); for s16 it averages the channels. It is also what Whisper's own
+    # ffmpeg pipeline produces (s16le, scaled by 1/32768).
+    return av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+
+
+def _to_samples(frames: list[av.AudioFrame]) -> list[np.ndarray]:
+    return [f.to_ndarray().reshape(-1) for f in frames]
+
+
+def _decode_tolerantly(
+    container: av.container.InputContainer, stream: av.AudioStream, skipped: list[int]
+) -> Iterator[av.AudioFrame]:
+    """Decode packet by packet, skipping corrupt ones (counted in ``skipped[0]``).
+
+    Like the ffmpeg command line (Whisper's own loader), a damaged packet
+    costs its few milliseconds of audio rather than the whole recording.
+    """
+    for packet in container.demux(stream):
+        try:
+            frames = packet.decode()
+        except av.error.InvalidDataError:
+            skipped[0] += 1
+            continue
+        yield from frames
+
+
+def load_audio(path: str | os.PathLike[str]) -> np.ndarray:
+    """Decode ``path`` to mono 16 kHz float32 samples in [-1, 1).
+
+    Uses the first audio stream of the file; corrupt packets inside it are
+    skipped. Raises :class:`AudioError` if the file is missing, unreadable or
+    not a media file, has no audio stream, or decodes to zero samples.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise AudioError(f"{path}: file not found")
+    if not path.is_file():
+        raise AudioError(f"{path}: not a regular file")
+
+    chunks: list[np.ndarray] = []
+    skipped: list[int] = [0]
+    try:
+        with av.open(str(path), mode="r") as container:
+            if not container.streams.audio:
+                raise AudioError(f"{path}: no audio stream in file")
+            stream = container.streams.audio[0]
+            resampler = _new_resampler()
+            source = None
+            for frame in _decode_tolerantly(container, stream, skipped):
+                # A stream may change rate or layout midway; PyAV's resampler
+                # is fixed to its first input, so flush it and start anew.
+                shape = (frame.format.name, frame.layout.name, frame.sample_rate)
+                if source is not None and shape != source:
+                    chunks += _to_samples(resampler.resample(None))
+                    resampler = _new_resampler()
+                source = shape
+                frame.pts = None  # resample by sample count, not by timestamps
+                chunks += _to_samples(resampler.resample(frame))
+            chunks += _to_samples(resampler.resample(None))  # flush the tail
+    except AudioError:
+        raise
+    except av.error.FFmpegError as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise AudioError(f"{path}: not a readable audio/video file ({reason})") from exc
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise AudioError(f"{path}: could not decode audio ({exc})") from exc
+
+    pcm = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
+    if pcm.size == 0:
+        if skipped[0]:
+            raise AudioError(f"{path}: audio stream is corrupt ({skipped[0]} undecodable packets, no samples)")
+        raise AudioError(f"{path}: audio stream contains no samples")
+    return pcm.astype(np.float32) / 32768.0

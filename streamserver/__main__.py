@@ -1,0 +1,3 @@
+from streamserver.cli import main
+
+raise SystemExit(main())
