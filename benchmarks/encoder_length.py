@@ -27,13 +27,13 @@ from engines.engine import load_engine  # noqa: E402
 from engines.policy import POLICIES  # noqa: E402
 
 
-def evaluate(model: str, language: str, folder: Path, threads: int, policies: list[str]) -> list[dict]:
+def evaluate(model: str, language: str, folder: Path, threads: int, policies: list[str], precision: str) -> list[dict]:
     clips = load_clips(folder)
     refs = [c.reference for c in clips]
     score = wer if language == "en" else cer
     rows = []
     for name in policies:
-        engine = load_engine(model, threads=threads, policy=name)
+        engine = load_engine(model, threads=threads, policy=name, precision=precision)
         engine.warmup()
         raw, guarded, times = [], [], []
         for clip in clips:
@@ -48,6 +48,7 @@ def evaluate(model: str, language: str, folder: Path, threads: int, policies: li
             "clips": str(folder),
             "n": len(clips),
             "policy": name,
+            "precision": precision,
             "error_rate_raw": round(score(refs, [r.text for r in raw]), 4),
             "error_rate": round(score(refs, guarded), 4),
             "loops": sum(r.rejected == "repetition" for r in raw),
@@ -64,16 +65,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", required=True, help="MODEL:LANGUAGE:CLIP_DIR, repeatable")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--precisions", default="fp32,int8")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/encoder-length.json"))
     args = parser.parse_args(argv)
     rows = []
     for spec in args.set:
         model, language, folder = spec.split(":", 2)
-        rows += evaluate(model, language, Path(folder), args.threads, args.policies.split(","))
-    print(f"{'model':8} {'lang':4} {'set':28} {'policy':9} {'err raw':>8} {'err':>7} {'loops':>5} {'trad':>4} {'median ms':>9}")
+        for precision in args.precisions.split(","):
+            rows += evaluate(model, language, Path(folder), args.threads, args.policies.split(","), precision)
+    print(f"{'model':8} {'lang':4} {'set':28} {'policy':9} {'prec':4} {'err raw':>8} {'err':>7} {'loops':>5} {'trad':>4} {'median ms':>9}")
     for r in rows:
         print(
-            f"{r['model']:8} {r['language']:4} {Path(r['clips']).name[:28]:28} {r['policy']:9} "
+            f"{r['model']:8} {r['language']:4} {Path(r['clips']).name[:28]:28} {r['policy']:9} {r['precision']:4} "
             f"{r['error_rate_raw']:8.3f} {r['error_rate']:7.3f} {r['loops']:5d} {r['traditional']:4d} {r['median_ms']:9.1f}"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)

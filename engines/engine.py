@@ -8,6 +8,7 @@ re-runs a suspicious utterance with the full 30 s window before giving up on it.
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -17,8 +18,9 @@ import numpy as np
 
 from engines.backends import Backend, create_backend
 from engines.decoding import Decoded, detect_languages, greedy_decode
+from engines.graphs import DEFAULT_PRECISION
 from engines.features import N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel
-from engines.policy import DEFAULT_POLICY, POLICIES, EncoderPolicy
+from engines.policy import POLICIES, EncoderPolicy, default_policy
 from engines.tokenizer import WhisperTokenizer
 from engines.voicing import voiced_seconds
 from engines.weights import load_weights
@@ -103,8 +105,8 @@ class Engine:
     ) -> list[Transcript]:
         frames = [self.policy.frames(a.size) for a in audios]
         results = self._run(audios, frames, language, prompt)
-        # A loop or a likely hallucination at a short window gets one more try at 30 s.
-        retry = [i for i, r in enumerate(results) if fallback and r.rejected == "repetition" and frames[i] < N_FRAMES]
+        # A loop at a short window gets one more try with the full 30 s that Whisper was trained on.
+        retry = [i for i, r in enumerate(results) if fallback and _looks_looped(r) and frames[i] < N_FRAMES]
         if retry:
             again = self._run([audios[i] for i in retry], [N_FRAMES] * len(retry), language, prompt)
             for i, r in zip(retry, again):
@@ -171,6 +173,17 @@ class Engine:
         return self._t2s(text)
 
 
+def _looks_looped(result: Transcript) -> bool:
+    """A rejected repetition, or text that is one phrase said twice or more ("yes yes", "wait can
+    you repeat the question wait can you repeat the question"): the signature of a short encoder
+    window whose decoder did not see where the audio ends."""
+    if result.rejected == "repetition":
+        return True
+    words = re.findall(r"\w+", result.text.lower())
+    n = len(words)
+    return any(n % period == 0 and words[period:] == words[:-period] for period in range(1, n // 2 + 1))
+
+
 def split_on_quiet(audio: np.ndarray, window_s: float = 30.0, search_s: float = 5.0) -> list[np.ndarray]:
     """Cut long audio into pieces of at most window_s, each cut at the quietest 100 ms of the last
     search_s seconds of its window, so that a cut rarely falls inside a word."""
@@ -191,12 +204,15 @@ def load_engine(
     model: str = "tiny.en",
     backend: str = "onnxruntime",
     threads: int = 2,
-    policy: str = DEFAULT_POLICY,
+    policy: str | None = None,
+    precision: str = DEFAULT_PRECISION,
     progress: Callable[[str], None] | None = None,
 ) -> Engine:
-    """An engine for a packaged model; the first call builds its graphs into the cache."""
+    """An engine for a packaged model; the first call builds its graphs into the cache.
+    policy None takes the measured default for the model (engines/policy.py)."""
+    policy = policy or default_policy(model)
     if policy not in POLICIES:
         raise ValueError(f"unknown encoder policy {policy!r}; choose one of: {', '.join(POLICIES)}")
     weights = load_weights(model)
     tokenizer = WhisperTokenizer.load(weights.folder, weights.config, weights.dims.n_vocab)
-    return Engine(model, create_backend(backend, weights, threads, progress), tokenizer, POLICIES[policy])
+    return Engine(model, create_backend(backend, weights, threads, precision, progress), tokenizer, POLICIES[policy])

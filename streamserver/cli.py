@@ -9,7 +9,8 @@ import sys
 import time
 from typing import Sequence
 
-from engines.policy import DEFAULT_POLICY, POLICIES
+from engines.graphs import DEFAULT_PRECISION, PRECISIONS
+from engines.policy import POLICIES
 
 MODELS = ("tiny.en", "base")
 
@@ -27,7 +28,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         _progress(f"error: {args.model} is an English-only model; use --model base for --language {args.language}")
         return 2
     try:
-        engine = load_engine(args.model, args.backend, args.threads, args.policy, progress=_progress)
+        engine = load_engine(args.model, args.backend, args.threads, args.policy, args.precision, progress=_progress)
         engine.warmup()
     except (WeightsError, ValueError) as error:
         _progress(f"error: {error}")
@@ -70,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--language", choices=("en", "zh", "auto"), default="en")
     t.add_argument("--backend", choices=("onnxruntime", "auto"), default="onnxruntime")
     t.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), help="CPU threads for inference")
-    t.add_argument("--policy", choices=sorted(POLICIES), default=DEFAULT_POLICY, help="encoder input length policy")
+    t.add_argument("--policy", choices=sorted(POLICIES), help="encoder input length (default: measured per model)")
+    t.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION, help="weight precision of the ONNX graphs")
     t.add_argument("--json", action="store_true", help="one JSON object per file and line")
     t.set_defaults(handler=_transcribe)
     return parser

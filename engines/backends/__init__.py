@@ -29,9 +29,11 @@ class Backend(Protocol):
 BACKENDS = ("onnxruntime",)
 
 
-def create_backend(name: str, weights: Weights, threads: int, progress: Callable[[str], None] | None = None) -> Backend:
+def create_backend(
+    name: str, weights: Weights, threads: int, precision: str, progress: Callable[[str], None] | None = None
+) -> Backend:
     if name in ("onnxruntime", "auto"):
         from engines.backends.onnxruntime import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(weights, threads, progress)
+        return OnnxRuntimeBackend(weights, threads, precision, progress)
     raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}, auto")

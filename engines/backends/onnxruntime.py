@@ -14,17 +14,20 @@ from engines.weights import Weights
 
 @dataclass
 class DecoderState:
-    self_k: np.ndarray  # [layers, batch, heads, past, head_dim]
-    self_v: np.ndarray
-    cross_k: np.ndarray  # [layers, batch, heads, head_dim, ctx]
-    cross_v: np.ndarray  # [layers, batch, heads, ctx, head_dim]
+    """Per-layer caches, as the graphs take them: name -> [batch, heads, positions, head_dim]
+    (cross keys are stored [batch, heads, head_dim, ctx], ready for q @ k)."""
+
+    self_kv: dict[str, np.ndarray]  # self_k_i / self_v_i
+    cross_kv: dict[str, np.ndarray]  # cross_k_i / cross_v_i
 
 
 class OnnxRuntimeBackend:
     name = "onnxruntime"
 
-    def __init__(self, weights: Weights, threads: int, progress: Callable[[str], None] | None = None) -> None:
-        encoder_path, decoder_path = graph_paths(weights, progress)
+    def __init__(
+        self, weights: Weights, threads: int, precision: str = "fp32", progress: Callable[[str], None] | None = None
+    ) -> None:
+        encoder_path, decoder_path = graph_paths(weights, precision, progress)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -33,24 +36,25 @@ class OnnxRuntimeBackend:
         self.encoder = ort.InferenceSession(str(encoder_path), options, providers=providers)
         self.decoder = ort.InferenceSession(str(decoder_path), options, providers=providers)
         d = weights.dims
-        self._cache_shape = (d.n_text_layer, d.n_heads, d.n_audio_state // d.n_heads)
+        self._layers = d.n_text_layer
+        self._empty_shape = (d.n_heads, 0, d.n_audio_state // d.n_heads)
+        self._cross_names = [o.name for o in self.encoder.get_outputs()]
+        self._new_self_names = [o.name for o in self.decoder.get_outputs()][1:]
 
     def encode(self, mel: np.ndarray) -> DecoderState:
-        cross_k, cross_v = self.encoder.run(None, {"mel": np.ascontiguousarray(mel, dtype=np.float32)})
-        layers, heads, head_dim = self._cache_shape
-        empty = np.zeros((layers, mel.shape[0], heads, 0, head_dim), np.float32)
-        return DecoderState(empty, empty, cross_k, cross_v)
+        outputs = self.encoder.run(None, {"mel": np.ascontiguousarray(mel, dtype=np.float32)})
+        empty = np.zeros((mel.shape[0], *self._empty_shape), np.float32)
+        self_kv = {f"self_{kv}_{i}": empty for i in range(self._layers) for kv in "kv"}
+        return DecoderState(self_kv, dict(zip(self._cross_names, outputs)))
 
     def step(self, tokens: np.ndarray, state: DecoderState) -> tuple[np.ndarray, DecoderState]:
-        feeds = {
-            "tokens": np.ascontiguousarray(tokens, dtype=np.int64),
-            "self_k": state.self_k,
-            "self_v": state.self_v,
-            "cross_k": state.cross_k,
-            "cross_v": state.cross_v,
-        }
-        logits, self_k, self_v = self.decoder.run(None, feeds)
-        return logits, DecoderState(self_k, self_v, state.cross_k, state.cross_v)
+        feeds = {"tokens": np.ascontiguousarray(tokens, dtype=np.int64), **state.self_kv, **state.cross_kv}
+        logits, *new_self = self.decoder.run(None, feeds)
+        self_kv = {name.removeprefix("new_"): array for name, array in zip(self._new_self_names, new_self)}
+        return logits, DecoderState(self_kv, state.cross_kv)
 
     def keep(self, state: DecoderState, rows: np.ndarray) -> DecoderState:
-        return DecoderState(*(np.ascontiguousarray(a[:, rows]) for a in (state.self_k, state.self_v, state.cross_k, state.cross_v)))
+        def take(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return {name: np.ascontiguousarray(a[rows]) for name, a in arrays.items()}
+
+        return DecoderState(take(state.self_kv), take(state.cross_kv))
