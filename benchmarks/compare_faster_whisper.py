@@ -59,10 +59,10 @@ def load_clips(folder: Path) -> list[Clip]:
     return clips
 
 
-def make_ours(model: str, language: str, threads: int) -> Transcriber:
+def make_ours(model: str, language: str, threads: int, policy: str | None = None) -> Transcriber:
     from engines.engine import load_engine
 
-    engine = load_engine(model, threads=threads)
+    engine = load_engine(model, threads=threads, policy=policy)
     prompt = PROMPTS[language]
     return lambda audio: engine.transcribe_batch([audio], language=language, prompt=prompt)[0].text.strip()
 
@@ -94,8 +94,8 @@ def make_faster_whisper(model: str, language: str, threads: int, compute_type: s
 
 
 def make_engine(name: str, model: str, language: str, threads: int) -> Transcriber:
-    if name == "ours":
-        return make_ours(model, language, threads)
+    if name == "ours" or name.startswith("ours-"):
+        return make_ours(model, language, threads, name.removeprefix("ours-") if name != "ours" else None)
     return make_faster_whisper(model, language, threads, compute_type=name.removeprefix("fw-"))
 
 
@@ -148,10 +148,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3, help="timed runs per clip; the median is kept")
     p.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/compare-MODEL-LANGUAGE.json)")
-    p.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {','.join(ENGINES)}")
+    p.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help=f"comma-separated subset of {','.join(ENGINES)}; ours-POLICY runs ours with another encoder policy",
+    )
     args = p.parse_args(argv)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if unknown := set(args.engines) - set(ENGINES):
+    if unknown := {e for e in args.engines if not e.startswith("ours-")} - set(ENGINES):
         p.error(f"unknown engines: {', '.join(sorted(unknown))}")
     if args.model.endswith(".en") and args.language != "en":
         p.error(f"{args.model} is English-only")

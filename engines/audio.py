@@ -8,6 +8,7 @@ into a clean client error instead of a stack trace.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,9 @@ from pathlib import Path
 import av
 import numpy as np
 
-SAMPLE_RATE = 16000
+from engines.features import SAMPLE_RATE
+
+log = logging.getLogger(__name__)
 
 
 class AudioError(ValueError):
@@ -97,4 +100,6 @@ def load_audio(path: str | os.PathLike[str]) -> np.ndarray:
         if skipped[0]:
             raise AudioError(f"{path}: audio stream is corrupt ({skipped[0]} undecodable packets, no samples)")
         raise AudioError(f"{path}: audio stream contains no samples")
+    if skipped[0]:
+        log.warning("%s: skipped %d corrupt packets; the rest was decoded", path, skipped[0])
     return pcm.astype(np.float32) / 32768.0

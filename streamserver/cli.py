@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -42,7 +43,7 @@ def _transcribe(args: argparse.Namespace) -> int:
             _progress(f"error: {error}")
             failed += 1
             continue
-        pieces = engine.transcribe_long(audio, args.language)
+        pieces = engine.transcribe_long(audio, args.language, args.prompt)
         latency_ms = (time.perf_counter() - start) * 1000
         text = " ".join(p.text for p in pieces if p.text).strip()
         language = pieces[0].language if pieces else args.language
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), help="CPU threads for inference")
     t.add_argument("--policy", choices=sorted(POLICIES), help="encoder input length (default: measured per model)")
     t.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION, help="weight precision of the ONNX graphs")
+    t.add_argument("--prompt", help="initial prompt: vocabulary or style to expect (default for zh: a simplified-Chinese sentence)")
     t.add_argument("--json", action="store_true", help="one JSON object per file and line")
     t.set_defaults(handler=_transcribe)
     return parser
@@ -80,4 +82,5 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="streamserver: %(message)s")
     return int(args.handler(args))
