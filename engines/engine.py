@@ -129,7 +129,7 @@ class Engine:
         for i, f in enumerate(frames):
             by_frames[f].append(i)
         for n_frames, rows in by_frames.items():
-            mel = np.stack([log_mel(audios[i], n_frames) for i in rows])
+            mel = np.stack([log_mel(audios[i], n_frames, self.policy.pad_value) for i in rows])
             state = self.backend.encode(mel)
             if not self.multilingual:
                 languages = ["en"] * len(rows)
@@ -209,7 +209,7 @@ def load_engine(
     progress: Callable[[str], None] | None = None,
 ) -> Engine:
     """An engine for a packaged model; the first call builds its graphs into the cache.
-    policy None takes the measured default for the model (engines/policy.py)."""
+    policy None takes the model's measured default (engines/policy.py)."""
     policy = policy or default_policy(model)
     if policy not in POLICIES:
         raise ValueError(f"unknown encoder policy {policy!r}; choose one of: {', '.join(POLICIES)}")

@@ -116,7 +116,7 @@ def frames_for_seconds(seconds: float) -> int:
     return max(2, frames + (frames % 2))
 
 
-def log_mel(audio: np.ndarray, n_frames: int) -> np.ndarray:
+def log_mel(audio: np.ndarray, n_frames: int, fill: float | None = None) -> np.ndarray:
     """Whisper log-mel features of ``audio``, float32 ``[80, n_frames]``.
 
     Equal (to float rounding) to Whisper's
@@ -132,6 +132,9 @@ def log_mel(audio: np.ndarray, n_frames: int) -> np.ndarray:
     ``audio`` is mono float32 at 16 kHz in [-1, 1] with at most
     ``n_frames * 160`` samples; ``n_frames`` must be even (the encoder halves
     it) and at most 3000 (30 s, Whisper's context).
+
+    ``fill`` replaces the frames after the audio (from frame ceil(n/160)+1 on) with a
+    constant, as faster-whisper does with 0.0; None keeps Whisper's log-mel of silence.
     """
     if isinstance(n_frames, bool) or not isinstance(n_frames, (int, np.integer)):
         raise TypeError(f"n_frames must be an int, got {type(n_frames).__name__}")
@@ -179,4 +182,6 @@ def log_mel(audio: np.ndarray, n_frames: int) -> np.ndarray:
     out = np.full((N_MELS, n_frames), pad_value, dtype=np.float32)
     keep = min(n_audio_frames, n_frames)
     out[:, :keep] = (np.maximum(log_spec[:, :keep], floor) + 4.0) / 4.0
+    if fill is not None:
+        out[:, -(-n // HOP_LENGTH) + 1 :] = fill
     return out

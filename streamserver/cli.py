@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--language", choices=("en", "zh", "auto"), default="en")
     t.add_argument("--backend", choices=("onnxruntime", "auto"), default="onnxruntime")
     t.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), help="CPU threads for inference")
-    t.add_argument("--policy", choices=sorted(POLICIES), help="encoder input length (default: measured per model)")
+    t.add_argument("--policy", choices=sorted(POLICIES), help="encoder input length policy (default: measured per model)")
     t.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION, help="weight precision of the ONNX graphs")
     t.add_argument("--prompt", help="initial prompt: vocabulary or style to expect (default for zh: a simplified-Chinese sentence)")
     t.add_argument("--json", action="store_true", help="one JSON object per file and line")

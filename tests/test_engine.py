@@ -89,3 +89,16 @@ def test_a_phrase_said_twice_counts_as_looped():
     assert not _looks_looped(t("yes yes I know"))
     assert not _looks_looped(t("Could you explain the second step again?"))
     assert not _looks_looped(t(""))
+
+
+def test_encoder_window_policies():
+    from engines.policy import POLICIES
+
+    second = RATE
+    assert POLICIES["pad30"].frames(3 * second) == 3000
+    assert POLICIES["min10s"].frames(3 * second) == 1000  # 1-8 s utterances share one window
+    assert POLICIES["min10s"].frames(8 * second) == 1000
+    assert POLICIES["min10s"].frames(12 * second) == 1500  # longer ones round up to 5 s steps
+    assert POLICIES["min10s"].frames(29 * second) == 3000
+    assert POLICIES["exact"].frames(int(2.345 * second)) == 236  # even: the stride-2 conv halves it
+    assert POLICIES["min10s-zero"].frames(3 * second) == 1000 and POLICIES["min10s-zero"].pad_value == 0.0

@@ -127,3 +127,13 @@ def test_frames_for_seconds_out_of_range():
     for bad in (-1, 30.01, float("nan")):
         with pytest.raises(ValueError):
             frames_for_seconds(bad)
+
+
+def test_fill_replaces_only_frames_after_the_audio(clip):
+    audio = clip[: 16000 * 3]
+    whisper = log_mel(audio, 1000)
+    zero = log_mel(audio, 1000, fill=0.0)
+    after = 3 * 100 + 1  # frames 0..300 see audio
+    np.testing.assert_array_equal(zero[:, :after], whisper[:, :after])
+    assert np.all(zero[:, after:] == 0.0)
+    assert np.all(whisper[:, after + 2 :] < -0.5)  # silence: the window reaches 2 frames past the audio

@@ -39,10 +39,19 @@ class OnnxRuntimeBackend:
         self._layers = d.n_text_layer
         self._empty_shape = (d.n_heads, 0, d.n_audio_state // d.n_heads)
         self._cross_names = [o.name for o in self.encoder.get_outputs()]
+        # The int8 encoder scales activations per tensor: one utterance per call keeps each
+        # result independent of the rest of the batch (on a CPU a batched encoder call was not
+        # faster anyway: it is bound by arithmetic, not by per-call overhead).
+        self._encode_rows_apart = precision == "int8"
         self._new_self_names = [o.name for o in self.decoder.get_outputs()][1:]
 
     def encode(self, mel: np.ndarray) -> DecoderState:
-        outputs = self.encoder.run(None, {"mel": np.ascontiguousarray(mel, dtype=np.float32)})
+        mel = np.ascontiguousarray(mel, dtype=np.float32)
+        if self._encode_rows_apart and mel.shape[0] > 1:
+            rows = [self.encoder.run(None, {"mel": mel[i : i + 1]}) for i in range(mel.shape[0])]
+            outputs = [np.concatenate(parts) for parts in zip(*rows)]
+        else:
+            outputs = self.encoder.run(None, {"mel": mel})
         empty = np.zeros((mel.shape[0], *self._empty_shape), np.float32)
         self_kv = {f"self_{kv}_{i}": empty for i in range(self._layers) for kv in "kv"}
         return DecoderState(self_kv, dict(zip(self._cross_names, outputs)))
