@@ -2,8 +2,7 @@
 
 Built here rather than exported from PyTorch so that a fresh install needs neither torch nor CUDA.
 The graphs take dynamic shapes, which is what lets one worker batch students together:
-  encoder:  mel [batch, 80, frames]      -> per decoder layer i: cross_k_i [batch, heads, head_dim, ctx],
-                                                                 cross_v_i [batch, heads, ctx, head_dim]
+  encoder:  mel [batch, 80, frames]      -> per decoder layer i: cross_k_i, cross_v_i [batch, heads, ctx, head_dim]
   decoder:  tokens [batch, n], per layer: self_k_i/self_v_i [batch, heads, past, head_dim], cross_k_i/v_i
             -> logits [batch, vocab] (last position only), per layer: new_self_k_i/v_i (past + n)
 One tensor per layer rather than one stacked tensor: slicing a layer out of a stacked input
@@ -27,7 +26,7 @@ from engines.cache import cache_dir
 from engines.weights import Weights
 
 # Bump when the graphs change shape or meaning: it is part of the cache key.
-GRAPH_VERSION = 6
+GRAPH_VERSION = 8
 OPSET = 17
 NEG_INF = -1e9  # finite, so that a fully masked row cannot turn into NaN
 
@@ -59,7 +58,7 @@ class Flavour:
     reference); ONNX Runtime's graphs add its fused attention and int8 kernels."""
 
     name: str
-    fused_attention: bool  # com.microsoft MultiHeadAttention (encoder): same math, ~40 % faster
+    fused_attention: bool  # com.microsoft MultiHeadAttention, BiasGelu: same math, fewer passes
     int8: bool
 
 
@@ -175,7 +174,18 @@ class _Builder:
 
     def mlp(self, x: str, prefix: str) -> str:
         h = self.layer_norm(x, prefix + "/layer_norm")
-        return self.linear(self.gelu(self.linear(h, prefix + "/linear_0")), prefix + "/linear_1")
+        if self.flavour.fused_attention:
+            # ONNX Runtime's BiasGelu: bias add and exact GELU in one pass over the 4x-wide
+            # activations (it did not fuse the erf pattern by itself).
+            w = self.tensors[prefix + "/linear_0/weight"].astype(np.float32)
+            b = self.tensors[prefix + "/linear_0/bias"].astype(np.float32)
+            hidden = self.op(
+                "BiasGelu", self.project(h, w, prefix + "/linear_0/W"), self.const(b, prefix + "/linear_0/b"),
+                domain="com.microsoft",
+            )
+        else:
+            hidden = self.gelu(self.linear(h, prefix + "/linear_0"))
+        return self.linear(hidden, prefix + "/linear_1")
 
     def heads(self, x: str, n_heads: int, head_dim: int, perm: tuple[int, ...] = (0, 2, 1, 3)) -> str:
         """[B, T, d] -> [B, H, T, hd] (or [B, H, hd, T] with perm (0, 2, 3, 1), a transposed key)."""
@@ -228,18 +238,65 @@ def build_encoder(weights: Weights, flavour: Flavour = FLAVOURS["portable"]) -> 
     w = d.n_audio_state
     for i in range(d.n_text_layer):
         p = f"decoder/layer_{i}/attention/linear_1"
-        ks.append(g.heads(g.linear(x, p, slice(0, w)), d.n_heads, hd, (0, 2, 3, 1)))
+        ks.append(g.heads(g.linear(x, p, slice(0, w)), d.n_heads, hd))
         vs.append(g.heads(g.linear(x, p, slice(w, 2 * w)), d.n_heads, hd))
     outputs = {**{f"cross_k_{i}": k for i, k in enumerate(ks)}, **{f"cross_v_{i}": v for i, v in enumerate(vs)}}
-    out_info = [_f32(name, [ "batch", d.n_heads, hd, "ctx"] if "_k_" in name else ["batch", d.n_heads, "ctx", hd]) for name in outputs]
+    out_info = [_f32(name, ["batch", d.n_heads, "ctx", hd]) for name in outputs]
     return g.model([_f32("mel", ["batch", d.n_mels, "frames"])], outputs, out_info, "whisper_encoder")
+
+
+AttentionStep = Callable[["_Builder", str, int, int, int], tuple[str, str, str]]
+
+
+def _plain_decoder_attention(g: "_Builder", positions: str, total: str) -> AttentionStep:
+    """Causal self-attention over the cache in standard ops (the portable graph)."""
+    # Position p of the new tokens sees keys at positions <= p.
+    steps = g.const(np.array(1, np.int64), "i64_step")
+    all_positions = g.op("Range", g.const(np.array(0, np.int64), "i64_zero"), g.op("Squeeze", total, g.ints(0)), steps)
+    later = g.op("Greater", g.op("Unsqueeze", all_positions, g.ints(0)), g.op("Unsqueeze", positions, g.ints(1)))
+    mask = g.op("Where", later, g.const(np.array(NEG_INF, np.float32), "neg_inf"), g.const(np.array(0.0, np.float32), "zero"))
+
+    def attend(g: _Builder, h: str, i: int, n_heads: int, width: int) -> tuple[str, str, str]:
+        hd = width // n_heads
+        prefix = f"decoder/layer_{i}/self_attention/linear_0"
+        q = g.heads(g.linear(h, prefix, slice(0, width), hd**-0.5), n_heads, hd)
+        k = g.heads(g.linear(h, prefix, slice(width, 2 * width)), n_heads, hd)
+        v = g.heads(g.linear(h, prefix, slice(2 * width, 3 * width)), n_heads, hd)
+        k_all = g.op("Concat", f"self_k_{i}", k, axis=2)
+        v_all = g.op("Concat", f"self_v_{i}", v, axis=2)
+        out = g.attend(q, g.op("Transpose", k_all, perm=[0, 1, 3, 2]), v_all, mask)
+        return g.merge_heads(out, width), k_all, v_all
+
+    return attend
+
+
+def _fused_decoder_attention(g: "_Builder", h: str, i: int, n_heads: int, width: int) -> tuple[str, str, str]:
+    """ONNX Runtime's MultiHeadAttention with the cache as past/present, causal over it."""
+    prefix = f"decoder/layer_{i}/self_attention/linear_0"
+    q, k, v = (g.linear(h, prefix, slice(j * width, (j + 1) * width)) for j in range(3))
+    out, k_all, v_all = g.op(
+        "MultiHeadAttention", q, k, v, "", "", "", f"self_k_{i}", f"self_v_{i}",
+        outputs=3, domain="com.microsoft", num_heads=n_heads, unidirectional=1,
+    )
+    return out, k_all, v_all
+
+
+def _cross_attention(g: "_Builder", h: str, i: int, n_heads: int, width: int) -> str:
+    """Attention to the encoder output, whose keys/values were projected once per utterance."""
+    hd = width // n_heads
+    prefix = f"decoder/layer_{i}/attention/linear_0"
+    if g.flavour.fused_attention:
+        q = g.linear(h, prefix)
+        return g.op("MultiHeadAttention", q, f"cross_k_{i}", f"cross_v_{i}", domain="com.microsoft", num_heads=n_heads)
+    q = g.heads(g.linear(h, prefix, scale=hd**-0.5), n_heads, hd)
+    k_t = g.op("Transpose", f"cross_k_{i}", perm=[0, 1, 3, 2])
+    return g.merge_heads(g.attend(q, k_t, f"cross_v_{i}"), width)
 
 
 def build_decoder(weights: Weights, flavour: Flavour = FLAVOURS["portable"]) -> onnx.ModelProto:
     d = weights.dims
     w = d.n_audio_state
     hd = w // d.n_heads
-    scale = hd**-0.5
     g = _Builder(weights.tensors, flavour, many_rows=False)
     embed = g.weight("decoder/embeddings/weight")
     past = g.op("Gather", g.op("Shape", "self_k_0"), g.ints(2))  # [1]
@@ -248,26 +305,17 @@ def build_decoder(weights: Weights, flavour: Flavour = FLAVOURS["portable"]) -> 
     scalar = lambda t: g.op("Squeeze", t, g.ints(0))  # noqa: E731 - Range wants scalars
     positions = g.op("Range", scalar(past), scalar(total), g.const(np.array(1, np.int64), "i64_step"))
     x = g.op("Add", g.op("Gather", embed, "tokens"), g.op("Gather", g.weight("decoder/position_encodings/encodings"), positions))
-    # Causal mask over [new positions, past + new positions]: position p sees keys <= p.
-    key_pos = g.op("Unsqueeze", g.op("Range", g.const(np.array(0, np.int64), "i64_zero"), scalar(total), "i64_step"), g.ints(0))
-    query_pos = g.op("Unsqueeze", positions, g.ints(1))
-    mask = g.op("Where", g.op("Greater", key_pos, query_pos), g.const(np.array(NEG_INF, np.float32), "neg_inf"), g.const(np.array(0.0, np.float32), "zero"))
+    attend = _fused_decoder_attention if flavour.fused_attention else _plain_decoder_attention(g, positions, total)
     new_k, new_v = [], []
     for i in range(d.n_text_layer):
         p = f"decoder/layer_{i}"
         h = g.layer_norm(x, p + "/self_attention/layer_norm")
-        q = g.heads(g.linear(h, p + "/self_attention/linear_0", slice(0, w), scale), d.n_heads, hd)
-        k = g.heads(g.linear(h, p + "/self_attention/linear_0", slice(w, 2 * w)), d.n_heads, hd)
-        v = g.heads(g.linear(h, p + "/self_attention/linear_0", slice(2 * w, 3 * w)), d.n_heads, hd)
-        k_all = g.op("Concat", f"self_k_{i}", k, axis=2)
-        v_all = g.op("Concat", f"self_v_{i}", v, axis=2)
+        out, k_all, v_all = attend(g, h, i, d.n_heads, w)
         new_k.append(k_all)
         new_v.append(v_all)
-        attn = g.attend(q, g.op("Transpose", k_all, perm=[0, 1, 3, 2]), v_all, mask)
-        x = g.op("Add", x, g.linear(g.merge_heads(attn, w), p + "/self_attention/linear_1"))
+        x = g.op("Add", x, g.linear(out, p + "/self_attention/linear_1"))
         h = g.layer_norm(x, p + "/attention/layer_norm")
-        q = g.heads(g.linear(h, p + "/attention/linear_0", scale=scale), d.n_heads, hd)
-        x = g.op("Add", x, g.linear(g.merge_heads(g.attend(q, f"cross_k_{i}", f"cross_v_{i}"), w), p + "/attention/linear_2"))
+        x = g.op("Add", x, g.linear(_cross_attention(g, h, i, d.n_heads, w), p + "/attention/linear_2"))
         x = g.op("Add", x, g.mlp(x, p + "/ffn"))
     last = g.op("Gather", x, g.const(np.array(-1, np.int64), "i64_last"), axis=1)  # only the next token is needed
     # The output projection is tied to the token embedding; at batch 1 reading it is most of a step.
@@ -279,7 +327,7 @@ def build_decoder(weights: Weights, flavour: Flavour = FLAVOURS["portable"]) -> 
     outputs = {"logits": logits}
     for i in range(d.n_text_layer):
         inputs += [_f32(f"self_k_{i}", ["batch", H, "past", hd]), _f32(f"self_v_{i}", ["batch", H, "past", hd])]
-        inputs += [_f32(f"cross_k_{i}", ["batch", H, hd, "ctx"]), _f32(f"cross_v_{i}", ["batch", H, "ctx", hd])]
+        inputs += [_f32(f"cross_k_{i}", ["batch", H, "ctx", hd]), _f32(f"cross_v_{i}", ["batch", H, "ctx", hd])]
         out_info += [_f32(f"new_self_k_{i}", ["batch", H, "total", hd]), _f32(f"new_self_v_{i}", ["batch", H, "total", hd])]
         outputs |= {f"new_self_k_{i}": new_k[i], f"new_self_v_{i}": new_v[i]}
     return g.model(inputs, outputs, out_info, "whisper_decoder")

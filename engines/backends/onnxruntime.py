@@ -7,15 +7,29 @@ from typing import Callable
 
 import numpy as np
 import onnxruntime as ort
+import onnxruntime.capi.onnxruntime_pybind11_state as C
 
 from engines.graphs import graph_paths
 from engines.weights import Weights
 
 
+_shared_pool_threads: int | None = None
+
+
+def _use_shared_thread_pool(threads: int) -> None:
+    """ONNX Runtime's process-wide pool is sized once, before the first session that uses it."""
+    global _shared_pool_threads
+    if _shared_pool_threads is None:
+        C.set_global_thread_pool_sizes(threads, 1)
+        _shared_pool_threads = threads
+    elif _shared_pool_threads != threads:
+        raise ValueError(f"this process already runs ONNX Runtime with {_shared_pool_threads} threads, not {threads}")
+
+
 @dataclass
 class DecoderState:
     """Per-layer caches, as the graphs take them: name -> [batch, heads, positions, head_dim]
-    (cross keys are stored [batch, heads, head_dim, ctx], ready for q @ k)."""
+    for self- and cross-attention alike)."""
 
     self_kv: dict[str, np.ndarray]  # self_k_i / self_v_i
     cross_kv: dict[str, np.ndarray]  # cross_k_i / cross_v_i
@@ -29,9 +43,12 @@ class OnnxRuntimeBackend:
     ) -> None:
         encoder_path, decoder_path = graph_paths(weights, precision, progress)
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # One thread pool for both sessions. With a pool each, the pool that just ran kept
+        # spinning and stole the cores from the other: a decoder step after the encoder took
+        # 4.1 ms instead of 1.7 ms (tiny.en, 2 threads).
+        _use_shared_thread_pool(threads)
+        options.use_per_session_threads = False
         providers = ["CPUExecutionProvider"]
         self.encoder = ort.InferenceSession(str(encoder_path), options, providers=providers)
         self.decoder = ort.InferenceSession(str(decoder_path), options, providers=providers)
