@@ -5,35 +5,62 @@ import pytest
 
 from engines.backends.onnxruntime import OnnxRuntimeBackend
 from engines.features import log_mel
+from engines.graphs import build_decoder, build_encoder, FLAVOURS
 from engines.weights import load_weights
 from tests import reference_whisper as ref
 
+PREFIXES = {"tiny.en": [50257, 50362], "base": [50258, 50259, 50359, 50363]}
 
-@pytest.mark.parametrize("model,prefix", [("tiny.en", [50257, 50362]), ("base", [50258, 50259, 50359, 50363])])
-def test_decoder_logits_match_reference(model, prefix, librivox):
+
+def _session_logits(model: str, flavour: str, mel: np.ndarray, tokens: list[int], n_prefix: int) -> np.ndarray:
+    """Logits of every position from the prefix on: the prefix in one chunk, then token by token
+    through the cache, as decoding runs."""
+    if flavour == "portable":
+        backend = _portable_backend(model)
+    else:
+        backend = OnnxRuntimeBackend(load_weights(model), threads=2, precision=flavour)
+    state = backend.encode(mel)
+    logits, state = backend.step(np.array([tokens[:n_prefix]]), state)
+    got = [logits[0]]
+    for t in tokens[n_prefix:]:
+        logits, state = backend.step(np.array([[t]]), state)
+        got.append(logits[0])
+    return np.stack(got)
+
+
+def _portable_backend(model: str) -> OnnxRuntimeBackend:
+    """The standard-ONNX graphs (what TensorRT builds from), run by ONNX Runtime."""
+    import onnxruntime as ort
+
+    w = load_weights(model)
+    backend = OnnxRuntimeBackend(w, threads=2, precision="fp32")
+    backend.encoder = ort.InferenceSession(build_encoder(w, FLAVOURS["portable"]).SerializeToString())
+    backend.decoder = ort.InferenceSession(build_decoder(w, FLAVOURS["portable"]).SerializeToString())
+    return backend
+
+
+@pytest.mark.parametrize("model", ["tiny.en", "base"])
+def test_graphs_match_the_reference_forward_pass(model, librivox):
     w = load_weights(model)
     tensors = ref.as_float64(w.tensors)
-    audio = librivox[0][1]
-    mel = log_mel(audio, 1000)[None]  # a shorter-than-30 s window exercises the dynamic frame axis
-    backend = OnnxRuntimeBackend(w, threads=2)
-    state = backend.encode(mel)
-    features = ref.encode(tensors, w.dims, mel.astype(np.float64))
-    # The prefix plus three text tokens, fed as one chunk and then token by token through the cache.
+    mel = log_mel(librivox[0][1], 1000)[None]  # shorter than 30 s: exercises the dynamic frame axis
+    prefix = PREFIXES[model]
     tokens = prefix + [440, 1332, 11]
-    expected = ref.decoder_logits(tensors, w.dims, np.array([tokens]), features)[0]
-    logits, state_after = backend.step(np.array([prefix]), state)
-    got = [logits[0]]
-    for t in tokens[len(prefix) :]:
-        logits, state_after = backend.step(np.array([[t]]), state_after)
-        got.append(logits[0])
-    want = expected[len(prefix) - 1 :]
+    features = ref.encode(tensors, w.dims, mel.astype(np.float64))
+    want = ref.decoder_logits(tensors, w.dims, np.array([tokens]), features)[0][len(prefix) - 1 :]
     scale = np.abs(want).max()
-    assert np.abs(np.stack(got) - want).max() / scale < 1e-4
-    assert [int(g.argmax()) for g in got] == [int(r.argmax()) for r in want]
+    for flavour in ("portable", "fp32"):  # the same math: float rounding only
+        got = _session_logits(model, flavour, mel, tokens, len(prefix))
+        assert np.abs(got - want).max() / scale < 1e-4, flavour
+        assert (got.argmax(-1) == want.argmax(-1)).all(), flavour
+    # int8 weights: close, and the same next token at every position here.
+    got = _session_logits(model, "int8", mel, tokens, len(prefix))
+    assert np.abs(got - want).max() / scale < 0.1
+    assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
 def test_batched_encoder_rows_equal_single_rows(librivox):
-    backend = OnnxRuntimeBackend(load_weights("tiny.en"), threads=2)
+    backend = OnnxRuntimeBackend(load_weights("tiny.en"), threads=2, precision="fp32")
     mels = np.stack([log_mel(a[: 16000 * 4], 800) for _, a, _ in librivox[:3]])
     batched = backend.encode(mels)
     for i in range(3):
