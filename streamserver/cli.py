@@ -46,7 +46,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         pieces = engine.transcribe_long(audio, args.language, args.prompt)
         latency_ms = (time.perf_counter() - start) * 1000
         text = " ".join(p.text for p in pieces if p.text).strip()
-        language = pieces[0].language if pieces else args.language
+        language = (pieces[0].language if pieces else None) or None  # unknown: no voiced audio to detect it on
         if args.json:
             record = {
                 "file": path,
