@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test clean
+.PHONY: install run test clean chromium
 
 install: $(STAMP)
 
@@ -14,10 +14,18 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The main job: the classroom server with a demo room; open the printed teacher and student URLs.
 run: install
-	$(VENV)/bin/streamserver transcribe tests/data/librivox/librivox_0870.wav
+	$(VENV)/bin/streamserver serve --demo-room "Demo class" $(SERVE_ARGS)
 
-test: install
+# The browser tests drive Debian's Chromium (never a downloaded browser); install it when it is
+# missing and we may (root, apt); otherwise those tests skip and say why.
+chromium:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
+		echo "note: chromium not installed; browser tests will be skipped"
+
+test: install chromium
 	$(VENV)/bin/python -m pytest -q
 
 clean:

@@ -63,6 +63,44 @@ def _transcribe(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from engines.engine import load_engine
+    from engines.weights import WeightsError
+    from streamserver.api.app import create_app
+    from streamserver.bus import create_bus
+    from streamserver.classroom import Classroom
+    from streamserver.config import Settings
+    from streamserver.rooms import tokens
+
+    settings = Settings(
+        host=args.host, port=args.port, redis_url=args.redis_url, model=args.model, threads=args.threads,
+        ice_hosts=args.ice_host or [], ice_servers=[{"urls": [u]} for u in args.ice_server or []],
+        max_students=args.max_students, public_url=args.public_url,
+    )
+    try:
+        engine = load_engine(settings.model, threads=settings.threads, progress=_progress)
+        engine.warmup()
+    except (WeightsError, ValueError) as error:
+        _progress(f"error: {error}")
+        return 2
+    classroom = Classroom(settings, engine, create_bus(settings.redis_url, settings.history_len))
+    app = create_app(classroom)
+    if args.demo_room:
+        language = "en" if not engine.multilingual else "auto"
+        room = classroom.rooms.create(args.demo_room, language)
+        base = settings.public_url or f"http://{settings.host}:{settings.port}"
+        ttl = settings.token_ttl_s
+        print(f"demo room {room.name!r} ({language}):", flush=True)
+        print(f"  teacher: {base}/teacher?room={room.room_id}&token={tokens.issue(settings.secret, room.room_id, 'teacher', ttl)}")
+        print(f"  student: {base}/student?room={room.room_id}&token={tokens.issue(settings.secret, room.room_id, 'student', ttl)}", flush=True)
+    bus = "redis " + settings.redis_url if settings.redis_url else "embedded bus"
+    _progress(f"serving on http://{settings.host}:{settings.port} ({settings.model}, {bus})")
+    web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamserver", description="Real-time voice server for live online classrooms.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -77,6 +115,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prompt", help="initial prompt: vocabulary or style to expect (default for zh: a simplified-Chinese sentence)")
     t.add_argument("--json", action="store_true", help="one JSON object per file and line")
     t.set_defaults(handler=_transcribe)
+
+    s = commands.add_parser("serve", help="run the classroom server (API, WebRTC, ASR worker, dashboard feed)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--redis-url", help="route events through Redis pub/sub (default: embedded in-process bus)")
+    s.add_argument("--model", choices=MODELS, default="tiny.en")
+    s.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
+    s.add_argument("--ice-host", action="append", metavar="ADDR", help="host candidate address (repeatable; include 127.0.0.1 for loopback)")
+    s.add_argument("--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (repeatable; none by default)")
+    s.add_argument("--max-students", type=int, default=500, help="per room")
+    s.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")
+    s.add_argument("--demo-room", metavar="NAME", help="create a room at start and print its teacher and student URLs")
+    s.set_defaults(handler=_serve)
     return parser
 
 

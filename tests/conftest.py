@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytest_plugins = ["tests.redis_server"]  # the `redis_url` fixture: a real redis-server
+
 DATA = Path(__file__).parent / "data"
 LIBRIVOX = sorted((DATA / "librivox").glob("*.wav"))
 

@@ -1,0 +1,1 @@
+"""The HTTP side: rooms API, WebRTC offers, the dashboard feed, the web pages, health."""

@@ -1,0 +1,197 @@
+"""aiohttp application: every client-facing route, each answer a clear status and message.
+
+Nothing a client sends may crash the process: bad JSON or SDP is a 400, a bad token 401/403,
+a body over the limit 413 (aiohttp's own check), a full room 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+from pathlib import Path
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from streamserver.classroom import Classroom
+from streamserver.rooms import tokens
+from streamserver.rooms.registry import LANGUAGES, Room, RoomFull
+from streamserver.transport.webrtc import OfferError
+
+log = logging.getLogger(__name__)
+WEB_DEMO = Path(__file__).resolve().parents[2] / "web_demo"
+CLASSROOM = web.AppKey("classroom", Classroom)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise web.HTTPBadRequest(text=json.dumps({"error": "body is not valid JSON"}), content_type="application/json")
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text=json.dumps({"error": "body must be a JSON object"}), content_type="application/json")
+    return body
+
+
+def _room(request: web.Request) -> Room:
+    room = request.app[CLASSROOM].rooms.get(request.match_info["room_id"])
+    if room is None:
+        raise web.HTTPNotFound(text=json.dumps({"error": "no such room"}), content_type="application/json")
+    return room
+
+
+def _check_token(request: web.Request, room: Room, token: str | None, role: str) -> web.Response | None:
+    try:
+        tokens.verify(request.app[CLASSROOM].settings.secret, token, room.room_id, role)
+    except tokens.TokenError as error:
+        return _error(error.status, str(error))
+    return None
+
+
+async def create_room(request: web.Request) -> web.Response:
+    classroom = request.app[CLASSROOM]
+    settings = classroom.settings
+    if not settings.admin_token:
+        return _error(403, "room creation is disabled: set STREAMSERVER_ADMIN_TOKEN")
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    if not given or not hmac.compare_digest(given, settings.admin_token):
+        return _error(401, "admin token required (Authorization: Bearer <token>)")
+    body = await _json_body(request)
+    name, language = body.get("name"), body.get("language", "en")
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        return _error(400, "name must be a non-empty string of at most 200 characters")
+    if language not in LANGUAGES:
+        return _error(400, f"language must be one of {', '.join(LANGUAGES)}")
+    if language != "en" and not classroom.engine.multilingual:
+        return _error(400, f"this server runs the English-only model {classroom.engine.model}; start it with --model base")
+    room = classroom.rooms.create(name.strip(), language)
+    base = settings.public_url or f"{request.scheme}://{request.host}"
+    ttl = settings.token_ttl_s
+    teacher = tokens.issue(settings.secret, room.room_id, "teacher", ttl)
+    student = tokens.issue(settings.secret, room.room_id, "student", ttl)
+    return web.json_response(
+        {
+            "room_id": room.room_id,
+            "name": room.name,
+            "language": room.language,
+            "teacher_url": f"{base}/teacher?room={room.room_id}&token={teacher}",
+            "student_url": f"{base}/student?room={room.room_id}&token={student}",
+        },
+        status=201,
+    )
+
+
+async def offer(request: web.Request) -> web.Response:
+    room = _room(request)
+    body = await _json_body(request)
+    if (denied := _check_token(request, room, body.get("token"), "student")) is not None:
+        return denied
+    sdp, name = body.get("sdp"), body.get("student_name", "")
+    if not isinstance(sdp, str) or body.get("type", "offer") != "offer":
+        return _error(400, "expected {'sdp': <offer>, 'type': 'offer'}")
+    if not isinstance(name, str) or not name.strip() or len(name) > 80:
+        return _error(400, "student_name must be a non-empty string of at most 80 characters")
+    student_id = body.get("student_id")
+    if not isinstance(student_id, str) or not 8 <= len(student_id) <= 64:
+        student_id = secrets.token_hex(8)
+    try:
+        answer = await request.app[CLASSROOM].connect_student(room, student_id, name.strip(), sdp)
+    except RoomFull as error:
+        return _error(429, str(error))
+    except OfferError as error:
+        return _error(400, str(error))
+    return web.json_response({"sdp": answer, "type": "answer", "student_id": student_id})
+
+
+async def feed(request: web.Request) -> web.StreamResponse:
+    """The teacher's live feed: history first, then the roster, then events as they happen."""
+    room = _room(request)
+    if (denied := _check_token(request, room, request.query.get("token"), "teacher")) is not None:
+        return denied
+    classroom = request.app[CLASSROOM]
+    ws = web.WebSocketResponse(heartbeat=20)
+    await ws.prepare(request)
+    events = classroom.bus.subscribe(room.room_id)
+    history = [json.loads(e) for e in await classroom.bus.history(room.room_id)]
+    await ws.send_str(json.dumps({"type": "history", "events": history}, ensure_ascii=False))
+    roster = {"type": "roster", "room_name": room.name, "students": room.roster()}
+    await ws.send_str(json.dumps(roster, ensure_ascii=False))
+
+    async def forward() -> None:
+        async for event in events:
+            await ws.send_str(event)
+        await ws.close()  # the bus dropped us: closing lets the dashboard reconnect and replay
+
+    task = asyncio.create_task(forward())
+    try:
+        async for message in ws:  # the dashboard sends nothing we act on; this waits for close
+            if message.type == WSMsgType.ERROR:
+                break
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await events.aclose()
+    return ws
+
+
+async def config(request: web.Request) -> web.Response:
+    return web.json_response({"ice_servers": request.app[CLASSROOM].settings.ice_servers})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    classroom = request.app[CLASSROOM]
+    return web.json_response(
+        {"ok": True, "model": classroom.engine.model, "rooms": len(classroom.rooms.rooms),
+         "queue": classroom.worker.queue.qsize(), "transcribed": classroom.worker.transcribed}
+    )
+
+
+def _page(name: str):
+    async def handler(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(WEB_DEMO / name)
+
+    return handler
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler):
+    """Every failure answers JSON with a message; an unexpected one is logged, never fatal."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        if error.content_type == "application/json" or error.status < 400:
+            raise
+        return _error(error.status, error.reason)
+    except Exception:
+        log.exception("request %s %s failed", request.method, request.path)
+        return _error(500, "internal error")
+
+
+def create_app(classroom: Classroom) -> web.Application:
+    app = web.Application(client_max_size=classroom.settings.max_body_bytes, middlewares=[json_errors])
+    app[CLASSROOM] = classroom
+    app.router.add_post("/api/rooms", create_room)
+    app.router.add_post("/api/rooms/{room_id}/offer", offer)
+    app.router.add_get("/api/rooms/{room_id}/feed", feed)
+    app.router.add_get("/api/config", config)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/student", _page("student.html"))
+    app.router.add_get("/teacher", _page("teacher.html"))
+    app.router.add_static("/static/", WEB_DEMO)
+
+    async def on_startup(app: web.Application) -> None:
+        await classroom.start()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await classroom.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app

@@ -1,0 +1,1 @@
+"""The shared speech-recognition worker: utterances of every student in, transcripts out."""

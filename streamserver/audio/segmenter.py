@@ -1,0 +1,203 @@
+"""Cut a student's 16 kHz mono PCM stream into utterances with webrtcvad.
+
+Every frame is stamped with the server clock at the feed() call that completed it, so an
+utterance's ``end_of_speech_ts`` is when its last voiced audio *arrived*, not when the
+hangover later expired: latency measured from it includes the VAD's own wait.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import webrtcvad
+
+from streamserver.events import now
+
+RATE = 16000
+START_WINDOW = 5  # frames looked at to decide that speech started
+CUT_SEARCH_S = 1.0  # how far back from the max length to look for a pause to cut at
+# webrtcvad keeps answering "voiced" for 4 (mode 2-3) to 6 (mode 0-1) 30 ms frames after any
+# sound stops, so a single click looks like 5 voiced frames and every end of speech comes
+# 120 ms late; it also calls steady noise "speech" for seconds after real speech. A voiced
+# frame therefore only counts as speech if it is clearly above the room's noise floor.
+SPEECH_OVER_FLOOR = 2.0  # 6 dB
+FLOOR_RISE = 0.005  # per frame: the floor drops at once to a quieter frame, rises over ~6 s
+DIGITAL_SILENCE = 8  # |sample| <= this (-72 dBFS) throughout the frame
+
+
+@dataclass
+class SegmenterConfig:
+    aggressiveness: int = 2  # webrtcvad 0..3, higher rejects more noise
+    frame_ms: int = 30  # webrtcvad accepts 10, 20 or 30
+    pre_roll_ms: int = 300  # kept before the first voiced frame: VAD misses soft onsets
+    post_roll_ms: int = 300  # kept after the last voiced frame: VAD misses soft word endings
+    hangover_ms: int = 500  # this much silence ends an utterance
+    min_speech_ms: int = 250  # utterances with less voiced audio are clicks/coughs: dropped
+    max_utterance_s: float = 20.0  # longer speech is cut into pieces, each emitted
+    start_frames: int = 3  # voiced frames out of the last START_WINDOW needed to start
+
+    def __post_init__(self) -> None:
+        if self.frame_ms not in (10, 20, 30):
+            raise ValueError("webrtcvad frames must be 10, 20 or 30 ms")
+        if not 1 <= self.start_frames <= START_WINDOW:
+            raise ValueError(f"start_frames must be 1..{START_WINDOW}")
+        if self.post_roll_ms > self.hangover_ms:
+            raise ValueError("post_roll_ms cannot exceed hangover_ms")
+
+
+@dataclass
+class SegmentedSpeech:
+    audio: np.ndarray  # float32 mono 16 kHz in [-1, 1]
+    start_ts: float  # arrival of the first voiced frame
+    end_of_speech_ts: float  # arrival of the last voiced frame (before the hangover)
+    cut: bool = False  # ended by max_utterance_s rather than by a pause
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.audio) / RATE
+
+
+class UtteranceSegmenter:
+    """Not thread-safe: one per student stream, fed from one task."""
+
+    def __init__(
+        self,
+        config: SegmenterConfig | None = None,
+        on_utterance: Callable[[SegmentedSpeech], None] = lambda _: None,
+        clock: Callable[[], float] = now,
+    ) -> None:
+        self.config = c = config or SegmenterConfig()
+        self._on_utterance = on_utterance
+        self._clock = clock
+        self._vad = webrtcvad.Vad(c.aggressiveness)
+        self._n = RATE * c.frame_ms // 1000  # samples per frame
+        frames = lambda ms: math.ceil(ms / c.frame_ms)  # noqa: E731
+        self._pre_roll = frames(c.pre_roll_ms)
+        self._post_roll = frames(c.post_roll_ms)
+        self._hangover = max(1, frames(c.hangover_ms))
+        self._min_voiced = frames(c.min_speech_ms)
+        self._max_frames = max(1, int(c.max_utterance_s * 1000) // c.frame_ms)
+        self._cut_search = max(1, frames(CUT_SEARCH_S * 1000))
+        self._pending = np.zeros(0, dtype=np.int16)  # partial frame carried to the next feed()
+        self._floor: float | None = None  # noise floor, RMS in int16 units
+        # Idle: the last frames as (pcm, voiced, arrival_ts), for pre-roll and the start decision.
+        self._ring: deque[tuple[np.ndarray, bool, float]] = deque(maxlen=self._pre_roll + START_WINDOW)
+        self._reset_utterance()
+
+    def _reset_utterance(self) -> None:
+        self._triggered = False
+        self._frames: list[np.ndarray] = []
+        self._voiced: list[bool] = []
+        self._ts: list[float] = []
+        self._voiced_count = 0
+        self._last_voiced = -1  # index into _frames
+        self._silence = 0  # unvoiced frames since the last voiced one
+        self._continued = False  # this piece follows a max-length cut
+
+    @property
+    def speaking(self) -> bool:
+        """For the dashboard: only once the speech is long enough not to be a click or cough."""
+        return self._triggered and (self._continued or self._voiced_count >= self._min_voiced)
+
+    def feed(self, pcm16: np.ndarray) -> None:
+        """Any length of 16 kHz mono int16 (float in [-1, 1] is converted)."""
+        pcm16 = np.asarray(pcm16)
+        if np.issubdtype(pcm16.dtype, np.floating):
+            pcm16 = np.clip(pcm16 * 32768.0, -32768, 32767).astype(np.int16)  # exact inverse of /32768
+        ts = self._clock()
+        data = np.concatenate((self._pending, pcm16.reshape(-1).astype(np.int16, copy=False)))
+        whole = len(data) // self._n * self._n
+        self._pending = data[whole:].copy()
+        for frame in data[:whole].reshape(-1, self._n):
+            self._process(frame, self._is_speech(frame), ts)
+
+    def _is_speech(self, frame: np.ndarray) -> bool:
+        if frame.max() <= DIGITAL_SILENCE and frame.min() >= -DIGITAL_SILENCE:
+            return False  # muted: keep it away from the VAD's and our noise estimates
+        f = frame.astype(np.float32)
+        level = math.sqrt(float(f @ f) / self._n)
+        floor = self._floor if self._floor is not None else level
+        # minimum tracking: follows the quietest recent frames (the room), not the voice
+        self._floor = level if level < floor else floor + FLOOR_RISE * (level - floor)
+        voiced = self._vad.is_speech(frame.tobytes(), RATE)  # always: the VAD adapts on every frame
+        return voiced and level >= SPEECH_OVER_FLOOR * floor
+
+    def flush(self) -> None:
+        """End of stream (or forced boundary): emit pending speech if long enough, then reset."""
+        if self._triggered:
+            self._end()
+        self._pending = np.zeros(0, dtype=np.int16)  # < 1 frame: too short for the VAD anyway
+        self._ring.clear()
+
+    def _process(self, frame: np.ndarray, voiced: bool, ts: float) -> None:
+        if not self._triggered:
+            self._ring.append((frame, voiced, ts))
+            window = list(self._ring)[-START_WINDOW:]
+            if sum(v for _, v, _ in window) >= self.config.start_frames:
+                self._start()
+            return
+        self._frames.append(frame)
+        self._voiced.append(voiced)
+        self._ts.append(ts)
+        if voiced:
+            self._voiced_count += 1
+            self._last_voiced = len(self._frames) - 1
+            self._silence = 0
+        else:
+            self._silence += 1
+        if self._silence >= self._hangover:
+            self._end()
+        elif len(self._frames) >= self._max_frames:
+            self._cut()
+
+    def _start(self) -> None:
+        ring = list(self._ring)
+        self._ring.clear()
+        first_voiced = next(i for i in range(len(ring) - START_WINDOW, len(ring)) if i >= 0 and ring[i][1])
+        self._triggered = True
+        self._load(ring[max(0, first_voiced - self._pre_roll) :])
+
+    def _load(self, entries: list[tuple[np.ndarray, bool, float]]) -> None:
+        """Make ``entries`` the start of the current piece (after a start or a cut)."""
+        self._frames = [f for f, _, _ in entries]
+        self._voiced = [v for _, v, _ in entries]
+        self._ts = [t for _, _, t in entries]
+        self._voiced_count = sum(self._voiced)
+        voiced_at = [i for i, v in enumerate(self._voiced) if v]
+        self._last_voiced = voiced_at[-1] if voiced_at else -1
+        if voiced_at:
+            self._silence = len(self._frames) - 1 - self._last_voiced
+        # else: no voice yet in this piece, the silence run carries over from the previous piece
+
+    def _end(self) -> None:
+        keep = self._last_voiced + 1 + self._post_roll if self._last_voiced >= 0 else 0
+        self._emit(keep, cut=False)
+        # Unemitted hangover frames can be the pre-roll of a quick restart.
+        rest = list(zip(self._frames[keep:], self._voiced[keep:], self._ts[keep:]))
+        self._reset_utterance()
+        self._ring.extend(rest)
+
+    def _cut(self) -> None:
+        # Prefer the last pause in the final second, so a word is not split between pieces.
+        lo = max(1, len(self._frames) - self._cut_search)
+        at = next((i + 1 for i in range(len(self._frames) - 1, lo - 1, -1) if not self._voiced[i]), len(self._frames))
+        self._emit(at, cut=True)
+        rest = list(zip(self._frames[at:], self._voiced[at:], self._ts[at:]))
+        silence = self._silence
+        self._reset_utterance()
+        self._triggered = self._continued = True
+        self._silence = silence
+        self._load(rest)
+
+    def _emit(self, upto: int, cut: bool) -> None:
+        upto = min(upto, len(self._frames))
+        voiced = [i for i in range(upto) if self._voiced[i]]
+        long_enough = len(voiced) >= self._min_voiced or (self._continued and voiced)
+        if not voiced or not long_enough:
+            return
+        audio = np.concatenate(self._frames[:upto]).astype(np.float32) / 32768.0
+        self._on_utterance(SegmentedSpeech(audio, self._ts[voiced[0]], self._ts[voiced[-1]], cut))

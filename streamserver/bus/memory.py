@@ -1,0 +1,92 @@
+"""In-process bus: one asyncio event loop, no network (a single server process, and tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import AsyncIterator
+
+log = logging.getLogger(__name__)
+
+class MemoryBus:
+    def __init__(self, history_len: int = 500, max_lag: int = 1000) -> None:
+        self._history_len = history_len
+        self._max_lag = max_lag
+        self._history: dict[str, deque[str]] = {}
+        self._subscribers: dict[str, set[asyncio.Queue[str | None]]] = {}
+        self._closed = False
+
+    async def publish(self, room_id: str, event_json: str) -> None:
+        history = self._history.get(room_id)
+        if history is None:
+            history = self._history[room_id] = deque(maxlen=self._history_len)
+        history.append(event_json)
+        # No await in here, so every subscriber sees events in publish order.
+        for queue in list(self._subscribers.get(room_id, ())):
+            try:
+                queue.put_nowait(event_json)
+            except asyncio.QueueFull:
+                # A consumer this far behind (a stalled dashboard socket) would otherwise grow
+                # memory without bound; it gets its stream ended and can reconnect + replay history.
+                log.warning(
+                    "room %s: subscriber more than %d events behind, disconnecting it",
+                    room_id,
+                    self._max_lag,
+                )
+                self._unregister(room_id, queue)
+                _end(queue)
+
+    async def subscribe(self, room_id: str) -> AsyncIterator[str]:
+        """Events published from the first __anext__ on; ends on close() or when dropped for lag.
+
+        Use `async with contextlib.aclosing(bus.subscribe(room))` so that leaving the loop
+        unregisters at once rather than when the generator is garbage collected.
+        """
+        if self._closed:
+            return
+        queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=self._max_lag)
+        self._subscribers.setdefault(room_id, set()).add(queue)
+        try:
+            while True:
+                event = await queue.get()
+                if event is None:  # put by _end(): closed, or dropped for lagging
+                    return
+                yield event
+        finally:
+            self._unregister(room_id, queue)
+
+    async def history(self, room_id: str, limit: int = 200) -> list[str]:
+        history = self._history.get(room_id)
+        if not history or limit <= 0:
+            return []
+        return list(history)[-limit:]
+
+    async def subscriber_count(self, room_id: str) -> int:
+        """Live subscribers of the room (metrics, and tests waiting for a subscription)."""
+        return len(self._subscribers.get(room_id, ()))
+
+    async def ping(self) -> bool:
+        return not self._closed
+
+    async def close(self) -> None:
+        self._closed = True
+        for room_id, queues in list(self._subscribers.items()):
+            for queue in list(queues):
+                self._unregister(room_id, queue)
+                _end(queue)
+
+    def _unregister(self, room_id: str, queue: asyncio.Queue[str | None]) -> None:
+        queues = self._subscribers.get(room_id)
+        if queues is None:
+            return
+        queues.discard(queue)
+        if not queues:  # rooms come and go: don't keep an empty set per room forever
+            del self._subscribers[room_id]
+
+
+def _end(queue: asyncio.Queue[str | None]) -> None:
+    """Drop what the subscriber has not read yet (frees it now) and make its next get() end it."""
+    while not queue.empty():
+        queue.get_nowait()
+    queue.put_nowait(None)

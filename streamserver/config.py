@@ -1,0 +1,28 @@
+"""One settings object for the server, from flags and the environment."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    redis_url: str | None = None
+    model: str = "tiny.en"
+    threads: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))
+    # ICE: aiortc does no trickle ICE and, left alone, asks a public STUN server; both explicit.
+    ice_servers: list[dict] = field(default_factory=list)  # [{"urls": [...], "username", "credential"}]
+    ice_hosts: list[str] = field(default_factory=list)  # host candidate addresses; empty: all but loopback
+    admin_token: str | None = field(default_factory=lambda: os.environ.get("STREAMSERVER_ADMIN_TOKEN"))
+    # Signs room tokens; gateways of one deployment share it. Random per process if unset.
+    secret: str = field(default_factory=lambda: os.environ.get("STREAMSERVER_SECRET") or secrets.token_hex(32))
+    token_ttl_s: int = 12 * 3600
+    max_students: int = 500
+    max_body_bytes: int = 64 * 1024  # an SDP offer is a few KB
+    max_batch: int = 16
+    history_len: int = 500
+    public_url: str | None = None  # base of the URLs handed out; default http://host:port

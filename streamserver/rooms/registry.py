@@ -1,0 +1,60 @@
+"""Rooms and their students, in this process."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+LANGUAGES = ("en", "zh", "auto")
+
+
+class RoomFull(Exception):
+    pass
+
+
+@dataclass
+class Student:
+    student_id: str
+    name: str
+    speaking: bool = False
+
+
+@dataclass
+class Room:
+    room_id: str
+    name: str
+    language: str
+    max_students: int
+    students: dict[str, Student] = field(default_factory=dict)
+
+    def roster(self) -> list[dict]:
+        return [{"student_id": s.student_id, "student_name": s.name, "speaking": s.speaking} for s in self.students.values()]
+
+
+class RoomRegistry:
+    def __init__(self, max_students: int) -> None:
+        self.max_students = max_students
+        self.rooms: dict[str, Room] = {}
+
+    def create(self, name: str, language: str) -> Room:
+        room = Room(secrets.token_urlsafe(8), name, language, self.max_students)
+        self.rooms[room.room_id] = room
+        return room
+
+    def get(self, room_id: str) -> Room | None:
+        return self.rooms.get(room_id)
+
+    def join(self, room: Room, student_id: str, name: str) -> tuple[Student, bool]:
+        """The student, and whether they are new (a reconnect keeps its seat and identity)."""
+        if student_id in room.students:
+            student = room.students[student_id]
+            student.name = name
+            return student, False
+        if len(room.students) >= room.max_students:
+            raise RoomFull(f"room is full ({room.max_students} students)")
+        student = Student(student_id, name)
+        room.students[student_id] = student
+        return student, True
+
+    def leave(self, room: Room, student_id: str) -> Student | None:
+        return room.students.pop(student_id, None)

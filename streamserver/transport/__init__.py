@@ -1,0 +1,1 @@
+"""How student audio reaches the server: WebRTC (aiortc) today."""

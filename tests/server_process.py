@@ -1,0 +1,61 @@
+"""Start a real `streamserver serve` in a subprocess for tests, and talk to it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ADMIN_TOKEN = "test-admin-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, *extra: str, model: str = "tiny.en") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, STREAMSERVER_ADMIN_TOKEN=ADMIN_TOKEN)
+        self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"streamserver-test-{self.port}.log"
+        self._log_file = self.log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streamserver", "serve", "--port", str(self.port), "--ice-host", "127.0.0.1",
+             "--model", model, "--threads", "2", *extra],
+            env=env, stdout=self._log_file, stderr=subprocess.STDOUT,
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise TimeoutError(f"server not ready: {self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._log_file.close()
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

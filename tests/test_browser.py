@@ -1,0 +1,87 @@
+"""A real Chromium student (fake microphone fed from a speech file) and a real teacher dashboard
+page, against a real `streamserver serve` routing through a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+
+from benchmarks.scoring import wer
+from tests.server_process import ServerProcess
+from tests.students import create_room, speech_file
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "dashboard.png"
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (make test installs it)")
+
+
+def _chromium_flags(fake_mic: Path) -> list[str]:
+    return [
+        "--no-sandbox", "--disable-gpu", "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={fake_mic}%noloop", "--allow-loopback-in-peer-connection",
+        "--disable-features=WebRtcHideLocalIpsWithMdns", "--disable-background-networking", "--no-first-run",
+        "--disable-component-update", "--disable-sync",
+    ]
+
+
+def test_browser_student_to_teacher_dashboard_through_redis(redis_url, tmp_path, librivox):
+    from playwright.sync_api import sync_playwright
+
+    clips = librivox[:2]
+    gap = np.zeros(int(1.5 * 16000), np.float32)
+    mic = speech_file(tmp_path / "speech.wav", np.concatenate([clips[0][1], gap, clips[1][1]]))
+    reference = " ".join(c[2] for c in clips)
+
+    with ServerProcess("--redis-url", redis_url) as server:
+        async def make_room() -> dict:
+            async with aiohttp.ClientSession() as s:
+                return await create_room(s, server.url, "Year 7 science")
+
+        room = asyncio.run(make_room())
+        with sync_playwright() as p:
+            browser = p.chromium.launch_persistent_context(
+                str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=_chromium_flags(mic)
+            )
+            teacher = browser.new_page()
+            teacher.goto(room["teacher_url"])
+            teacher.wait_for_function("document.querySelector('#feed-status').textContent.includes('live')", timeout=15000)
+            student = browser.new_page()
+            student.goto(room["student_url"] + "&name=Alice")
+            student.click("#join")
+            student.wait_for_function("document.querySelector('#status').textContent.includes('connected')", timeout=20000)
+            deadline = time.time() + 60
+            texts: list[str] = []
+            while time.time() < deadline:
+                texts = teacher.eval_on_selector_all(
+                    '.transcript[data-student-name="Alice"] .text', "els => els.map(e => e.textContent)"
+                )
+                if wer([reference], [" ".join(texts)]) <= 0.15 and len(texts) >= 2:
+                    break
+                time.sleep(0.5)
+            SCREENSHOT.parent.mkdir(exist_ok=True)
+            teacher.screenshot(path=str(SCREENSHOT), full_page=True)
+            latencies = teacher.eval_on_selector_all(".transcript .latency", "els => els.map(e => e.textContent)")
+            browser.close()
+
+    assert texts, "no transcript reached the dashboard"
+    assert wer([reference], [" ".join(texts)]) <= 0.15, texts
+    assert latencies and all(t.endswith(" s") for t in latencies)
+
+    async def stored() -> list[dict]:
+        import redis.asyncio as aioredis
+
+        r = aioredis.from_url(redis_url)
+        entries = await r.xrange(f"room:{room['room_id']}:history")
+        await r.aclose()
+        return [json.loads(f[b"event"]) for _, f in entries]
+
+    in_redis = [e for e in asyncio.run(stored()) if e["type"] == "transcript"]
+    assert [e["student_name"] for e in in_redis] == ["Alice"] * len(in_redis) and len(in_redis) == len(texts)

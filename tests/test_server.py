@@ -1,0 +1,121 @@
+"""The live server end to end: a real `streamserver serve`, real aiortc students, real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import aiohttp
+import pytest
+
+from benchmarks.scoring import wer
+from tests.server_process import ServerProcess
+from tests.students import ADMIN, Dashboard, create_room, join_student, speech_file, token_of
+
+
+@pytest.fixture(scope="module")
+def small_server():
+    with ServerProcess("--max-students", "2") as server:
+        yield server
+
+
+def test_room_api_and_bad_input_answers(small_server):
+    async def scenario() -> None:
+        url = small_server.url
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{url}/api/rooms", json={"name": "a", "language": "en"}) as r:
+                assert r.status == 401
+            async with s.post(f"{url}/api/rooms", json={"name": "a"}, headers={"Authorization": "Bearer nope"}) as r:
+                assert r.status == 401
+            async with s.post(f"{url}/api/rooms", data="{not json", headers=ADMIN) as r:
+                assert r.status == 400 and "JSON" in (await r.json())["error"]
+            async with s.post(f"{url}/api/rooms", json={"name": "a", "language": "fr"}, headers=ADMIN) as r:
+                assert r.status == 400
+            async with s.post(f"{url}/api/rooms", json={"name": "a", "language": "zh"}, headers=ADMIN) as r:
+                assert r.status == 400 and "English-only" in (await r.json())["error"]
+            a, b = await create_room(s, url, "A"), await create_room(s, url, "B")
+            offer_a = f"{url}/api/rooms/{a['room_id']}/offer"
+            student_a, teacher_a = token_of(a["student_url"]), token_of(a["teacher_url"])
+            good = {"token": student_a, "type": "offer", "student_name": "Ann", "sdp": "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"}
+            async with s.post(offer_a, json={**good, "token": student_a[:-3] + "xyz"}) as r:
+                assert r.status == 401
+            async with s.post(offer_a, json={**good, "token": teacher_a}) as r:
+                assert r.status == 403  # a teacher token is not a student token
+            async with s.post(offer_a, json={**good, "token": token_of(b["student_url"])}) as r:
+                assert r.status == 403  # a token of room B never opens room A
+            async with s.post(offer_a, json=good) as r:
+                assert r.status == 400 and "offer" in (await r.json())["error"]  # malformed SDP
+            async with s.post(offer_a, data=b"x" * 200_000, headers={"Content-Type": "application/json"}) as r:
+                assert r.status == 413
+            async with s.post(f"{url}/api/rooms/nosuchroom/offer", json=good) as r:
+                assert r.status == 404
+            feed = url.replace("http", "ws") + f"/api/rooms/{a['room_id']}/feed?token={student_a}"
+            with pytest.raises(aiohttp.WSServerHandshakeError) as denied:
+                await s.ws_connect(feed)
+            assert denied.value.status == 403  # a student token never opens the dashboard feed
+            async with s.get(f"{url}/healthz") as r:
+                assert r.status == 200 and (await r.json())["ok"]
+
+    asyncio.run(scenario())
+
+
+def test_room_full_is_429(small_server, tmp_path, librivox):
+    async def scenario() -> None:
+        wav = speech_file(tmp_path / "s.wav", librivox[0][1][:16000])
+        async with aiohttp.ClientSession() as s:
+            room = await create_room(s, small_server.url, "full")
+            peers = [await join_student(s, small_server.url, room, f"s{i}", wav) for i in range(2)]
+            with pytest.raises(AssertionError, match="429"):
+                await join_student(s, small_server.url, room, "third", wav)
+            for pc in peers:
+                await pc.close()
+
+    asyncio.run(scenario())
+
+
+def test_ten_students_through_redis_each_utterance_once(redis_url, tmp_path, librivox):
+    """10+ concurrent aiortc students in one room: every clip transcribed exactly once, accurately,
+    in the room's Redis history, and nothing of it reaches another room's dashboard."""
+
+    async def scenario(server: ServerProcess) -> None:
+        async with aiohttp.ClientSession() as s:
+            room, other = await create_room(s, server.url, "big"), await create_room(s, server.url, "other")
+            dashboard = await Dashboard().open(s, server.url, room)
+            bystander = await Dashboard().open(s, server.url, other)
+            students = {f"student{i:02d}": librivox[i % len(librivox)] for i in range(10)}
+            peers = [
+                await join_student(s, server.url, room, name, speech_file(tmp_path / f"{name}.wav", clip[1]))
+                for name, clip in students.items()
+            ]
+            deadline = asyncio.get_running_loop().time() + 90
+            while asyncio.get_running_loop().time() < deadline:
+                heard = {t["student_name"] for t in dashboard.transcripts()}
+                if heard == set(students):
+                    break
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(3)  # anything late or duplicated would arrive now
+            for pc in peers:
+                await pc.close()
+            transcripts = dashboard.transcripts()
+            ids = Counter(t["utterance_id"] for t in transcripts)
+            assert all(n == 1 for n in ids.values()), "an utterance was published twice"
+            by_student = {name: " ".join(t["text"] for t in transcripts if t["student_name"] == name) for name in students}
+            assert all(by_student.values()), f"silent students: {[n for n, t in by_student.items() if not t]}"
+            refs = [students[name][2] for name in students]
+            assert wer(refs, [by_student[name] for name in students]) <= 0.15
+            for t in transcripts:
+                assert t["room_id"] == room["room_id"] and t["published_ts"] >= t["end_of_speech_ts"] >= t["start_ts"]
+            assert not bystander.transcripts()
+            await dashboard.close()
+            await bystander.close()
+            # The room's capped history in Redis holds the same transcripts.
+            import redis.asyncio as aioredis
+
+            r = aioredis.from_url(redis_url)
+            stored = [json.loads(f[b"event"]) for _, f in await r.xrange(f"room:{room['room_id']}:history")]
+            await r.aclose()
+            assert {e["utterance_id"] for e in stored if e["type"] == "transcript"} == set(ids)
+
+    with ServerProcess("--redis-url", redis_url) as server:
+        asyncio.run(scenario(server))

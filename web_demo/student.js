@@ -1,0 +1,300 @@
+// Student page: microphone -> WebRTC (aiortc server) -> transcripts on the teacher's dashboard.
+'use strict';
+
+const ICE_GATHER_TIMEOUT_MS = 3000; // aiortc does no trickle ICE: we send the offer once gathering ends
+const CONNECT_TIMEOUT_MS = 15000;   // answer applied but ICE never connects: start over
+const DISCONNECT_GRACE_MS = 2000;   // 'disconnected' often heals by itself within a second or two
+const MAX_BACKOFF_S = 10;
+const AUDIO_CONSTRAINTS = { echoCancellation: true, noiseSuppression: true, autoGainControl: true };
+
+const params = new URLSearchParams(location.search);
+const room = params.get('room');
+const token = params.get('token');
+
+const $ = (id) => document.getElementById(id);
+const form = $('join-form');
+const nameInput = $('name');
+const joinButton = $('join');
+const leaveButton = $('leave');
+const statusEl = $('status');
+const levelEl = $('level');
+const levelBar = levelEl.querySelector('.level-bar');
+
+// One join = one session. The microphone stream and student_id outlive the peer connections:
+// a reconnect builds a new RTCPeerConnection around the same track.
+let session = null;
+let iceServers = null; // /api/config, fetched once
+
+function setStatus(text, state) {
+  statusEl.textContent = text;
+  statusEl.dataset.state = state;
+}
+
+// The student_id lives in sessionStorage per room, so a reload or reconnect keeps the
+// student's identity on the teacher's dashboard while a new tab is a new student.
+const idKey = `streamserver:student_id:${room}`;
+
+function newId() {
+  if (crypto.randomUUID) return crypto.randomUUID();
+  // randomUUID exists only in secure contexts; the server accepts any 8–64 character id.
+  return Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+function studentId() {
+  let id = sessionStorage.getItem(idKey);
+  if (!id) {
+    id = newId();
+    sessionStorage.setItem(idKey, id);
+  }
+  return id;
+}
+
+// --- microphone level meter --------------------------------------------------------------
+
+function startMeter(s) {
+  const analyser = s.audioCtx.createAnalyser();
+  analyser.fftSize = 1024;
+  // Analyser only, never connected to the speakers: the student must not hear themselves.
+  s.audioCtx.createMediaStreamSource(s.stream).connect(analyser);
+  const samples = new Float32Array(analyser.fftSize);
+  let shown = 0;
+
+  const draw = () => {
+    analyser.getFloatTimeDomainData(samples);
+    let sum = 0;
+    for (const v of samples) sum += v * v;
+    const rms = Math.sqrt(sum / samples.length);
+    // Map -60..0 dBFS to 0..1: speech sits around -30..-10 dBFS, where a linear bar barely moves.
+    const target = Math.min(1, Math.max(0, (20 * Math.log10(rms + 1e-9) + 60) / 60));
+    // Fast attack, slow release, so the bar reads like a VU meter instead of flickering.
+    shown = target > shown ? target : shown * 0.9 + target * 0.1;
+    const pct = Math.round(shown * 100);
+    levelBar.style.width = `${pct}%`;
+    if (levelEl.getAttribute('aria-valuenow') !== String(pct)) levelEl.setAttribute('aria-valuenow', pct);
+    s.meterFrame = requestAnimationFrame(draw);
+  };
+  draw();
+}
+
+function resetMeter() {
+  levelBar.style.width = '0%';
+  levelEl.setAttribute('aria-valuenow', 0);
+}
+
+// --- WebRTC ------------------------------------------------------------------------------
+
+async function loadIceServers() {
+  if (iceServers) return iceServers;
+  const resp = await fetch('/api/config');
+  if (!resp.ok) throw new Error(`server config unavailable (HTTP ${resp.status})`);
+  iceServers = (await resp.json()).ice_servers || [];
+  return iceServers;
+}
+
+function iceGatheringDone(pc, timeoutMs) {
+  return new Promise((resolve) => {
+    if (pc.iceGatheringState === 'complete') return resolve();
+    const done = () => {
+      clearTimeout(timer);
+      pc.removeEventListener('icegatheringstatechange', onChange);
+      resolve();
+    };
+    const onChange = () => { if (pc.iceGatheringState === 'complete') done(); };
+    // A slow or unreachable STUN/TURN server can hold gathering for many seconds; the
+    // candidates gathered so far (host ones at least) are usually enough.
+    const timer = setTimeout(done, timeoutMs);
+    pc.addEventListener('icegatheringstatechange', onChange);
+  });
+}
+
+class OfferError extends Error {
+  constructor(message, status, retryAfterS) {
+    super(message);
+    this.status = status;
+    this.retryAfterS = retryAfterS;
+  }
+  // Network trouble, a server error or a full room (429) may pass; a bad token or room won't.
+  get retryable() { return !this.status || this.status >= 500 || this.status === 429 || this.status === 408; }
+}
+
+async function postOffer(s, description) {
+  let resp;
+  try {
+    resp = await fetch(`/api/rooms/${encodeURIComponent(room)}/offer`, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({
+        token, sdp: description.sdp, type: description.type,
+        student_name: s.name, student_id: s.studentId,
+      }),
+    });
+  } catch (err) {
+    throw new OfferError('server unreachable', 0);
+  }
+  const body = await resp.json().catch(() => ({}));
+  if (!resp.ok) {
+    throw new OfferError(body.error || `HTTP ${resp.status}`, resp.status, Number(resp.headers.get('Retry-After')) || 0);
+  }
+  return body;
+}
+
+async function connect(s) {
+  const attempt = ++s.attempt;
+  // Anything that awaits may come back after Leave or after a newer attempt took over.
+  const stale = () => session !== s || attempt !== s.attempt;
+  setStatus(s.connectedOnce ? 'reconnecting…' : 'connecting…', 'connecting');
+  try {
+    const servers = await loadIceServers();
+    if (stale()) return;
+    const pc = new RTCPeerConnection({ iceServers: servers });
+    s.pc = pc;
+    pc.addTransceiver(s.track, { direction: 'sendonly', streams: [s.stream] });
+    pc.addEventListener('connectionstatechange', () => { if (!stale()) onConnectionState(s, pc); });
+
+    await pc.setLocalDescription(await pc.createOffer());
+    await iceGatheringDone(pc, ICE_GATHER_TIMEOUT_MS);
+    if (stale()) return;
+
+    const answer = await postOffer(s, pc.localDescription);
+    if (stale()) return;
+    if (answer.student_id && answer.student_id !== s.studentId) {
+      s.studentId = answer.student_id; // the server's id is the one the teacher sees
+      sessionStorage.setItem(idKey, s.studentId);
+    }
+    await pc.setRemoteDescription({ type: 'answer', sdp: answer.sdp });
+    if (stale()) return;
+    s.watchdog = setTimeout(() => {
+      if (!stale() && pc.connectionState !== 'connected') retry(s, 'no audio connection');
+    }, CONNECT_TIMEOUT_MS);
+  } catch (err) {
+    if (stale()) return;
+    if (err instanceof OfferError && !err.retryable) {
+      stop(s, `Could not join: ${err.message}`, 'error');
+    } else {
+      retry(s, err.message, err.retryAfterS);
+    }
+  }
+}
+
+function onConnectionState(s, pc) {
+  switch (pc.connectionState) {
+    case 'connected':
+      clearTimeout(s.disconnectTimer);
+      clearTimeout(s.watchdog);
+      s.backoffS = 1;
+      s.connectedOnce = true;
+      setStatus('connected — speak', 'connected');
+      break;
+    case 'disconnected':
+      setStatus('weak network — holding on…', 'unstable');
+      clearTimeout(s.disconnectTimer);
+      s.disconnectTimer = setTimeout(() => {
+        if (pc.connectionState === 'disconnected') retry(s, 'connection lost');
+      }, DISCONNECT_GRACE_MS);
+      break;
+    case 'failed':
+      retry(s, 'connection failed');
+      break;
+  }
+}
+
+function closePeer(s) {
+  clearTimeout(s.disconnectTimer);
+  clearTimeout(s.watchdog);
+  if (s.pc) s.pc.close(); // closes the transport only; the microphone track stays live
+  s.pc = null;
+}
+
+// Tear down the current peer connection and try again later with a new one: 1, 2, 4 … 10 s.
+function retry(s, reason, minDelayS = 0) {
+  if (session !== s || s.retryTimer) return;
+  s.attempt++; // an attempt still in flight is now stale
+  closePeer(s);
+  const delayS = Math.min(Math.max(s.backoffS, minDelayS), 60);
+  s.backoffS = Math.min(s.backoffS * 2, MAX_BACKOFF_S);
+  setStatus(`reconnecting… (${reason}; next try in ${delayS} s)`, 'reconnecting');
+  s.retryTimer = setTimeout(() => {
+    s.retryTimer = null;
+    connect(s);
+  }, delayS * 1000);
+}
+
+// --- join / leave ------------------------------------------------------------------------
+
+async function join(event) {
+  event.preventDefault();
+  if (session) return;
+  const name = nameInput.value.trim();
+  if (!name) {
+    setStatus('Please enter your name.', 'error');
+    nameInput.focus();
+    return;
+  }
+  if (!navigator.mediaDevices?.getUserMedia) {
+    setStatus('This page needs a secure address (https:// or localhost) to use the microphone.', 'error');
+    return;
+  }
+  sessionStorage.setItem('streamserver:name', name);
+
+  const s = {
+    name, studentId: studentId(), attempt: 0, backoffS: 1, connectedOnce: false,
+    pc: null, stream: null, track: null, meterFrame: 0,
+    retryTimer: null, disconnectTimer: null, watchdog: null,
+    // Created inside the click so the autoplay policy lets it run.
+    audioCtx: new AudioContext(),
+  };
+  session = s;
+  setBusy(true);
+  setStatus('asking for the microphone…', 'connecting');
+
+  try {
+    s.stream = await navigator.mediaDevices.getUserMedia({ audio: AUDIO_CONSTRAINTS });
+  } catch (err) {
+    const why = err.name === 'NotAllowedError' ? 'permission was denied'
+      : err.name === 'NotFoundError' ? 'no microphone was found' : err.message;
+    stop(s, `Microphone unavailable: ${why}.`, 'error');
+    return;
+  }
+  if (session !== s) { // Leave was pressed while the permission prompt was open
+    s.stream.getTracks().forEach((t) => t.stop());
+    return;
+  }
+  s.track = s.stream.getAudioTracks()[0];
+  s.track.addEventListener('ended', () => stop(s, 'The microphone stopped (unplugged or blocked). Press Join to start again.', 'error'));
+  s.audioCtx.resume();
+  startMeter(s);
+  connect(s);
+}
+
+function stop(s, message, state) {
+  if (session !== s) return;
+  session = null;
+  clearTimeout(s.retryTimer);
+  closePeer(s);
+  cancelAnimationFrame(s.meterFrame);
+  s.stream?.getTracks().forEach((t) => t.stop());
+  s.audioCtx.close();
+  resetMeter();
+  setBusy(false);
+  setStatus(message, state);
+}
+
+function setBusy(busy) {
+  joinButton.disabled = busy;
+  nameInput.disabled = busy;
+  leaveButton.disabled = !busy;
+}
+
+// --- page setup --------------------------------------------------------------------------
+
+$('room').textContent = room || '–';
+nameInput.value = params.get('name') || sessionStorage.getItem('streamserver:name') || '';
+form.addEventListener('submit', join);
+leaveButton.addEventListener('click', () => session && stop(session, 'You left the class.', 'idle'));
+// Closing the tab: close the peer connection so the server sees the student leave at once.
+window.addEventListener('pagehide', () => session && stop(session, 'You left the class.', 'idle'));
+
+if (!room || !token) {
+  setStatus('This link is missing the room or the token: ask your teacher for the class link.', 'error');
+  joinButton.disabled = true;
+}
