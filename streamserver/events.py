@@ -50,6 +50,12 @@ class TranscriptEvent:
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
 
+    @classmethod
+    def of(cls, utterance: Utterance, text: str, language: str) -> "TranscriptEvent":
+        """The transcript of an utterance, stamped as published now."""
+        u = utterance
+        return cls(u.room_id, u.utterance_id, u.student_id, u.student_name, text, language, u.start_ts, u.end_of_speech_ts, now())
+
 
 @dataclass
 class StudentEvent:

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from benchmarks.scoring import wer
-from tests.server_process import ServerProcess
-from tests.students import create_room, speech_file
+from streamserver.loadsim.clients import create_room, speech_file
+from tests.server_process import ADMIN_TOKEN, ServerProcess
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "dashboard.png"
@@ -43,7 +43,7 @@ def test_browser_student_to_teacher_dashboard_through_redis(redis_url, tmp_path,
     with ServerProcess("--redis-url", redis_url) as server:
         async def make_room() -> dict:
             async with aiohttp.ClientSession() as s:
-                return await create_room(s, server.url, "Year 7 science")
+                return await create_room(s, server.url, ADMIN_TOKEN, "Year 7 science")
 
         room = asyncio.run(make_room())
         with sync_playwright() as p:

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 
 from benchmarks.scoring import wer
-from tests.server_process import ServerProcess
-from tests.students import ADMIN, Dashboard, create_room, join_student, speech_file, token_of
+from streamserver.loadsim.clients import Dashboard, admin_headers, create_room, join_student, speech_file, token_of
+from tests.server_process import ADMIN_TOKEN, ServerProcess
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +28,13 @@ def test_room_api_and_bad_input_answers(small_server):
                 assert r.status == 401
             async with s.post(f"{url}/api/rooms", json={"name": "a"}, headers={"Authorization": "Bearer nope"}) as r:
                 assert r.status == 401
-            async with s.post(f"{url}/api/rooms", data="{not json", headers=ADMIN) as r:
+            async with s.post(f"{url}/api/rooms", data="{not json", headers=admin_headers(ADMIN_TOKEN)) as r:
                 assert r.status == 400 and "JSON" in (await r.json())["error"]
-            async with s.post(f"{url}/api/rooms", json={"name": "a", "language": "fr"}, headers=ADMIN) as r:
+            async with s.post(f"{url}/api/rooms", json={"name": "a", "language": "fr"}, headers=admin_headers(ADMIN_TOKEN)) as r:
                 assert r.status == 400
-            async with s.post(f"{url}/api/rooms", json={"name": "a", "language": "zh"}, headers=ADMIN) as r:
+            async with s.post(f"{url}/api/rooms", json={"name": "a", "language": "zh"}, headers=admin_headers(ADMIN_TOKEN)) as r:
                 assert r.status == 400 and "English-only" in (await r.json())["error"]
-            a, b = await create_room(s, url, "A"), await create_room(s, url, "B")
+            a, b = await create_room(s, url, ADMIN_TOKEN, "A"), await create_room(s, url, ADMIN_TOKEN, "B")
             offer_a = f"{url}/api/rooms/{a['room_id']}/offer"
             student_a, teacher_a = token_of(a["student_url"]), token_of(a["teacher_url"])
             good = {"token": student_a, "type": "offer", "student_name": "Ann", "sdp": "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"}
@@ -64,7 +64,7 @@ def test_room_full_is_429(small_server, tmp_path, librivox):
     async def scenario() -> None:
         wav = speech_file(tmp_path / "s.wav", librivox[0][1][:16000])
         async with aiohttp.ClientSession() as s:
-            room = await create_room(s, small_server.url, "full")
+            room = await create_room(s, small_server.url, ADMIN_TOKEN, "full")
             peers = [await join_student(s, small_server.url, room, f"s{i}", wav) for i in range(2)]
             with pytest.raises(AssertionError, match="429"):
                 await join_student(s, small_server.url, room, "third", wav)
@@ -80,7 +80,7 @@ def test_ten_students_through_redis_each_utterance_once(redis_url, tmp_path, lib
 
     async def scenario(server: ServerProcess) -> None:
         async with aiohttp.ClientSession() as s:
-            room, other = await create_room(s, server.url, "big"), await create_room(s, server.url, "other")
+            room, other = await create_room(s, server.url, ADMIN_TOKEN, "big"), await create_room(s, server.url, ADMIN_TOKEN, "other")
             dashboard = await Dashboard().open(s, server.url, room)
             bystander = await Dashboard().open(s, server.url, other)
             students = {f"student{i:02d}": librivox[i % len(librivox)] for i in range(10)}

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable
 
 from engines.engine import Engine, Transcript
-from streamserver.events import TranscriptEvent, Utterance, now
+from streamserver.events import TranscriptEvent, Utterance
 
 log = logging.getLogger(__name__)
 Publish = Callable[[TranscriptEvent], Awaitable[None]]
@@ -70,16 +70,4 @@ class AsrWorker:
                 self.transcribed += 1
                 if not r.text:
                     continue  # non-speech: nothing to show the teacher
-                await self.publish(
-                    TranscriptEvent(
-                        room_id=u.room_id,
-                        utterance_id=u.utterance_id,
-                        student_id=u.student_id,
-                        student_name=u.student_name,
-                        text=r.text,
-                        language=r.language,
-                        start_ts=u.start_ts,
-                        end_of_speech_ts=u.end_of_speech_ts,
-                        published_ts=now(),
-                    )
-                )
+                await self.publish(TranscriptEvent.of(u, r.text, r.language))

@@ -1,5 +1,5 @@
-"""Simulated students and teachers for tests: real aiortc peers playing real speech files, and a
-dashboard client on the feed WebSocket."""
+"""Simulated students and teachers: real aiortc peers playing real speech files, and a dashboard
+client on the feed WebSocket. Used by the tests and the live-latency benchmark."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from aiortc.contrib.media import MediaPlayer
 
 from streamserver.transport.webrtc import use_host_addresses
 
-ADMIN = {"Authorization": "Bearer test-admin-token"}
+def admin_headers(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
 
 
 def speech_file(path: Path, audio: np.ndarray, lead_s: float = 1.0, tail_s: float = 1.5) -> Path:
@@ -29,8 +30,10 @@ def speech_file(path: Path, audio: np.ndarray, lead_s: float = 1.0, tail_s: floa
     return path
 
 
-async def create_room(session: aiohttp.ClientSession, url: str, name: str = "class", language: str = "en") -> dict:
-    async with session.post(f"{url}/api/rooms", json={"name": name, "language": language}, headers=ADMIN) as r:
+async def create_room(
+    session: aiohttp.ClientSession, url: str, admin_token: str, name: str = "class", language: str = "en"
+) -> dict:
+    async with session.post(f"{url}/api/rooms", json={"name": name, "language": language}, headers=admin_headers(admin_token)) as r:
         assert r.status == 201, await r.text()
         return await r.json()
 

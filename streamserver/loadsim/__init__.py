@@ -1,0 +1,1 @@
+"""Simulated classes: students that speak real clips over WebRTC, dashboards that listen."""
