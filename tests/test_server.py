@@ -119,3 +119,36 @@ def test_ten_students_through_redis_each_utterance_once(redis_url, tmp_path, lib
 
     with ServerProcess("--redis-url", redis_url) as server:
         asyncio.run(scenario(server))
+
+
+def test_reconnect_keeps_the_student_and_history_replays(small_server, tmp_path, librivox):
+    """A student that drops and comes back with its id keeps its seat (no second join); a
+    dashboard that connects later gets the room's history."""
+
+    async def scenario() -> None:
+        url = small_server.url
+        wav = speech_file(tmp_path / "s.wav", librivox[1][1])
+        async with aiohttp.ClientSession() as s:
+            room = await create_room(s, url, ADMIN_TOKEN, "reconnect")
+            first = await Dashboard().open(s, url, room)
+            pc = await join_student(s, url, room, "Bo", wav)
+            await asyncio.sleep(1.0)
+            await pc.close()  # network drop
+            again = await join_student(s, url, room, "Bo", wav, student_id=pc.student_id)
+            assert again.student_id == pc.student_id
+            for _ in range(60):
+                if first.transcripts():
+                    break
+                await asyncio.sleep(0.5)
+            await again.close()
+            late = await Dashboard().open(s, url, room)
+            await asyncio.sleep(0.5)
+            joins = [e for e in first.events if e["type"] == "student_joined"]
+            assert [e["student_id"] for e in joins] == [pc.student_id]
+            assert first.transcripts(), "the reconnected student was not transcribed"
+            replayed = [e for e in late.history if e["type"] == "transcript"]
+            assert {e["utterance_id"] for e in replayed} == {t["utterance_id"] for t in first.transcripts()}
+            await first.close()
+            await late.close()
+
+    asyncio.run(scenario())

@@ -12,7 +12,7 @@ import json
 import logging
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 from aiohttp import WSMsgType, web
 
@@ -118,27 +118,46 @@ async def feed(request: web.Request) -> web.StreamResponse:
     classroom = request.app[CLASSROOM]
     ws = web.WebSocketResponse(heartbeat=20)
     await ws.prepare(request)
-    events = classroom.bus.subscribe(room.room_id)
-    history = [json.loads(e) for e in await classroom.bus.history(room.room_id)]
-    await ws.send_str(json.dumps({"type": "history", "events": history}, ensure_ascii=False))
+    # Subscribe before reading the history, so that nothing published in between is lost; what
+    # arrives in both is sent once.
+    live: asyncio.Queue[str | None] = asyncio.Queue()
+    before = await classroom.bus.subscriber_count(room.room_id)
+    task = asyncio.create_task(_collect(classroom.bus.subscribe(room.room_id), live))
+    for _ in range(100):
+        if await classroom.bus.subscriber_count(room.room_id) > before:
+            break
+        await asyncio.sleep(0.01)
+    history = await classroom.bus.history(room.room_id)
+    seen = set(history)
+    await ws.send_str(json.dumps({"type": "history", "events": [json.loads(e) for e in history]}, ensure_ascii=False))
     roster = {"type": "roster", "room_name": room.name, "students": room.roster()}
     await ws.send_str(json.dumps(roster, ensure_ascii=False))
-
-    async def forward() -> None:
-        async for event in events:
-            await ws.send_str(event)
-        await ws.close()  # the bus dropped us: closing lets the dashboard reconnect and replay
-
-    task = asyncio.create_task(forward())
+    sender = asyncio.create_task(_send(ws, live, seen))
     try:
         async for message in ws:  # the dashboard sends nothing we act on; this waits for close
             if message.type == WSMsgType.ERROR:
                 break
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await events.aclose()
+        for t in (task, sender):
+            t.cancel()
+        await asyncio.gather(task, sender, return_exceptions=True)
     return ws
+
+
+async def _collect(events: AsyncIterator[str], live: asyncio.Queue[str | None]) -> None:
+    try:
+        async for event in events:
+            live.put_nowait(event)
+    finally:
+        live.put_nowait(None)
+        await events.aclose()
+
+
+async def _send(ws: web.WebSocketResponse, live: asyncio.Queue[str | None], seen: set[str]) -> None:
+    while (event := await live.get()) is not None:
+        if event not in seen:
+            await ws.send_str(event)
+    await ws.close()  # the bus dropped us: closing lets the dashboard reconnect and replay
 
 
 async def config(request: web.Request) -> web.Response:
@@ -147,9 +166,12 @@ async def config(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     classroom = request.app[CLASSROOM]
+    bus_ok = await classroom.bus.ping()
     return web.json_response(
-        {"ok": True, "model": classroom.engine.model, "rooms": len(classroom.rooms.rooms),
-         "queue": classroom.worker.queue.qsize(), "transcribed": classroom.worker.transcribed}
+        {"ok": bus_ok, "bus": "ok" if bus_ok else "unreachable", "model": classroom.engine.model,
+         "rooms": len(classroom.rooms.rooms), "queue": classroom.worker.queue.qsize(),
+         "transcribed": classroom.worker.transcribed},
+        status=200 if bus_ok else 503,
     )
 
 

@@ -19,6 +19,11 @@ class Bus(Protocol):
     async def history(self, room_id: str, limit: int = 200) -> list[str]:
         """The room's most recent events, oldest first."""
 
+    async def subscriber_count(self, room_id: str) -> int:
+        """How many subscriptions of the room are live (a new one counts once it can receive)."""
+
+    async def ping(self) -> bool: ...
+
     async def close(self) -> None: ...
 
 

@@ -42,18 +42,24 @@ def token_of(link: str) -> str:
     return link.split("token=")[1]
 
 
-async def join_student(session: aiohttp.ClientSession, url: str, room: dict, name: str, wav: Path) -> RTCPeerConnection:
-    """An aiortc student that plays `wav` as its microphone, once."""
+async def join_student(
+    session: aiohttp.ClientSession, url: str, room: dict, name: str, wav: Path, student_id: str | None = None
+) -> RTCPeerConnection:
+    """An aiortc student that plays `wav` as its microphone, once. The server's id for it is
+    left on the peer as `pc.student_id`; pass it back to reconnect as the same student."""
     use_host_addresses(["127.0.0.1"])
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     player = MediaPlayer(str(wav), loop=False)
     pc.addTrack(player.audio)
     await pc.setLocalDescription(await pc.createOffer())  # aiortc gathers all candidates here
     body = {"token": token_of(room["student_url"]), "sdp": pc.localDescription.sdp, "type": "offer", "student_name": name}
+    if student_id:
+        body["student_id"] = student_id
     async with session.post(f"{url}/api/rooms/{room['room_id']}/offer", json=body) as r:
         assert r.status == 200, f"{r.status} {await r.text()}"
         answer = await r.json()
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
+    pc.student_id = answer["student_id"]  # type: ignore[attr-defined]
     return pc
 
 
@@ -74,8 +80,9 @@ class Dashboard:
     async def _read(self) -> None:
         async for message in self.ws:
             event = json.loads(message.data)
-            if event["type"] == "history":
+            if event["type"] == "history":  # what happened before we were subscribed counts too
                 self.history = event["events"]
+                self.events.extend(self.history)
             self.events.append(event)
 
     def transcripts(self) -> list[dict]:
