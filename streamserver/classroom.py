@@ -15,6 +15,7 @@ from streamserver.audio.pipeline import StudentAudio
 from streamserver.bus import Bus
 from streamserver.config import Settings
 from streamserver.events import StudentEvent, TranscriptEvent, Utterance
+from streamserver.intent import IntentClassifier
 from streamserver.rooms.registry import Room, RoomRegistry
 from streamserver.transport import webrtc
 
@@ -28,12 +29,12 @@ class Connection:
 
 
 class Classroom:
-    def __init__(self, settings: Settings, engine: Engine, bus: Bus) -> None:
+    def __init__(self, settings: Settings, engine: Engine, bus: Bus, intent: IntentClassifier | None = None) -> None:
         self.settings = settings
         self.engine = engine
         self.bus = bus
         self.rooms = RoomRegistry(settings.max_students)
-        self.worker = AsrWorker(engine, self._publish_transcript, settings.max_batch)
+        self.worker = AsrWorker(engine, self._publish_transcript, settings.max_batch, intent)
         self.connections: dict[tuple[str, str], Connection] = {}
         webrtc.use_host_addresses(settings.ice_hosts)
 

@@ -85,7 +85,11 @@ def _serve(args: argparse.Namespace) -> int:
     except (WeightsError, ValueError) as error:
         _progress(f"error: {error}")
         return 2
-    classroom = Classroom(settings, engine, create_bus(settings.redis_url, settings.history_len))
+    from streamserver.intent.model import EmbeddingIntentClassifier
+
+    intent = EmbeddingIntentClassifier()
+    intent.classify(["warm up"])  # load the embedder now, not on the first student's words
+    classroom = Classroom(settings, engine, create_bus(settings.redis_url, settings.history_len), intent)
     app = create_app(classroom)
     if args.demo_room:
         language = "en" if not engine.multilingual else "auto"
@@ -98,6 +102,19 @@ def _serve(args: argparse.Namespace) -> int:
     bus = "redis " + settings.redis_url if settings.redis_url else "embedded bus"
     _progress(f"serving on http://{settings.host}:{settings.port} ({settings.model}, {bus})")
     web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None)
+    return 0
+
+
+def _intent(args: argparse.Namespace) -> int:
+    from streamserver.intent.model import EmbeddingIntentClassifier
+
+    texts = args.texts or [line.rstrip("\n") for line in sys.stdin]
+    classifier = EmbeddingIntentClassifier()
+    for text, intent in zip(texts, classifier.classify(texts)):
+        if args.json:
+            print(json.dumps({"text": text, **intent.to_dict()}, ensure_ascii=False), flush=True)
+        else:
+            print(f"{intent.label or '-'}\t{intent.score:.2f}\t{text}", flush=True)
     return 0
 
 
@@ -115,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prompt", help="initial prompt: vocabulary or style to expect (default for zh: a simplified-Chinese sentence)")
     t.add_argument("--json", action="store_true", help="one JSON object per file and line")
     t.set_defaults(handler=_transcribe)
+
+    i = commands.add_parser("intent", help="label utterances: question, help_request, answer, acknowledgement, off_task")
+    i.add_argument("texts", nargs="*", metavar="TEXT", help="utterances (default: one per line on stdin)")
+    i.add_argument("--json", action="store_true", help="one JSON object per line: text, label, score")
+    i.set_defaults(handler=_intent)
 
     s = commands.add_parser("serve", help="run the classroom server (API, WebRTC, ASR worker, dashboard feed)")
     s.add_argument("--host", default="127.0.0.1")

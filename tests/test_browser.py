@@ -85,3 +85,5 @@ def test_browser_student_to_teacher_dashboard_through_redis(redis_url, tmp_path,
 
     in_redis = [e for e in asyncio.run(stored()) if e["type"] == "transcript"]
     assert [e["student_name"] for e in in_redis] == ["Alice"] * len(in_redis) and len(in_redis) == len(texts)
+    for event in in_redis:  # every transcript carries its intent: a label (or null) and a score
+        assert set(event["intent"]) == {"label", "score"} and 0.0 <= event["intent"]["score"] <= 1.0

@@ -106,6 +106,7 @@ def test_ten_students_through_redis_each_utterance_once(redis_url, tmp_path, lib
             assert wer(refs, [by_student[name] for name in students]) <= 0.15
             for t in transcripts:
                 assert t["room_id"] == room["room_id"] and t["published_ts"] >= t["end_of_speech_ts"] >= t["start_ts"]
+                assert set(t["intent"]) == {"label", "score"}
             assert not bystander.transcripts()
             await dashboard.close()
             await bystander.close()

@@ -1,9 +1,23 @@
-// Teacher dashboard: the room's live feed over a WebSocket -> student list + transcript log.
+// Teacher dashboard: the room's live feed over a WebSocket -> student list, transcript log with
+// intent badges, per-label counts and a queue of questions / help requests to handle.
 // Server data is only ever inserted with textContent / attributes, never as HTML.
 'use strict';
 
 const MAX_BACKOFF_S = 10;
 const NEAR_BOTTOM_PX = 48; // "at the bottom" tolerance for auto-scroll
+const MAX_CLEARED_STORED = 2000; // cleared queue ids kept in sessionStorage (newest kept)
+
+// What the teacher reads for each intent label; an unknown label is shown as it is.
+const INTENT_TEXT = new Map([
+  ['question', 'question'],
+  ['help_request', 'needs help'],
+  ['answer', 'answer'],
+  ['acknowledgement', 'ok'],
+  ['off_task', 'off task'],
+  ['unsure', 'unsure'], // the counter for transcripts whose label is null
+]);
+const QUEUE_LABELS = new Set(['question', 'help_request']);
+const UNSURE = 'unsure';
 
 const params = new URLSearchParams(location.search);
 const room = params.get('room');
@@ -15,9 +29,20 @@ const studentList = $('students');
 const studentCount = $('student-count');
 const feed = $('feed');
 const jumpButton = $('jump');
+const labelCounts = $('label-counts');
+const queue = $('queue');
+const queueCount = $('queue-count');
+const clearAllButton = $('queue-clear-all');
 
 const transcripts = new Set(); // utterance_ids shown: a history replay must not repeat them
 const students = new Map();    // student_id -> <li>
+const counts = new Map();      // intent label (or UNSURE) -> number of transcripts
+const queued = new Map();      // utterance_id -> <li> in the queue
+
+// Utterance ids the teacher marked done: they stay out of the queue after a reconnect's history
+// replay or a reload of this tab.
+const clearedKey = `streamserver.queue-cleared.${room}`;
+const cleared = loadCleared();
 
 let socket = null;
 let backoffS = 1;
@@ -95,18 +120,48 @@ function applyStudentEvent(ev) {
 
 const timeFormat = new Intl.DateTimeFormat([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
 
-function renderTranscript(ev) {
+// { label: string | null, score: number | null }; label null: the classifier is not sure.
+function intentOf(ev) {
+  const intent = ev.intent && typeof ev.intent === 'object' ? ev.intent : {};
+  const label = typeof intent.label === 'string' && intent.label ? intent.label : null;
+  const score = Number.isFinite(intent.score) ? Math.min(1, Math.max(0, intent.score)) : null;
+  return { label, score };
+}
+
+const labelText = (label) => INTENT_TEXT.get(label) ?? label.replace(/_/g, ' ');
+// The label becomes a class name: keep only characters that are safe there.
+const labelClass = (label) => `intent-${label.toLowerCase().replace(/[^a-z0-9_-]+/g, '-')}`;
+
+function intentBadge({ label, score }) {
+  const badge = el('span', `intent ${labelClass(label)}`, labelText(label));
+  if (score !== null) badge.title = `confidence ${Math.round(score * 100)}%`;
+  return badge;
+}
+
+function timeOf(ev) {
+  const shownTs = ev.start_ts ?? ev.published_ts;
+  const time = el('time', 'time', Number.isFinite(shownTs) ? timeFormat.format(shownTs * 1000) : '');
+  if (Number.isFinite(shownTs)) time.dateTime = new Date(shownTs * 1000).toISOString();
+  return time;
+}
+
+function textOf(ev) {
+  const text = el('p', 'text', ev.text);
+  // Lets the browser and screen readers pick the right font and voice (e.g. for Chinese).
+  if (ev.language && /^[a-z]{2,3}(-[A-Za-z0-9]+)*$/.test(ev.language)) text.lang = ev.language;
+  return text;
+}
+
+function renderTranscript(ev, intent) {
   const item = el('li', 'transcript');
   item.dataset.studentName = ev.student_name;
   item.dataset.studentId = ev.student_id;
   item.dataset.utteranceId = ev.utterance_id;
   item.dataset.publishedTs = ev.published_ts;
+  item.dataset.label = intent.label ?? UNSURE;
 
   const meta = el('div', 'meta');
-  const shownTs = ev.start_ts ?? ev.published_ts;
-  const time = el('time', 'time', Number.isFinite(shownTs) ? timeFormat.format(shownTs * 1000) : '');
-  if (Number.isFinite(shownTs)) time.dateTime = new Date(shownTs * 1000).toISOString();
-  meta.append(time, el('span', 'name', ev.student_name));
+  meta.append(timeOf(ev), el('span', 'name', ev.student_name));
   if (ev.language) meta.append(el('span', 'language', ev.language));
 
   const latency = ev.published_ts - ev.end_of_speech_ts;
@@ -114,23 +169,113 @@ function renderTranscript(ev) {
   latencyEl.title = 'From the end of speech to the transcript';
   meta.append(latencyEl);
 
-  if (ev.intent && ev.intent.label) {
-    // The label becomes a class name: keep only characters that are safe there.
-    const label = String(ev.intent.label);
-    const badge = el('span', `intent intent-${label.toLowerCase().replace(/[^a-z0-9_-]+/g, '-')}`, label);
-    if (Number.isFinite(ev.intent.score)) badge.title = `confidence ${Math.round(ev.intent.score * 100)} %`;
-    meta.append(badge);
-  }
+  if (intent.label) meta.append(intentBadge(intent)); // not sure: no badge
 
-  const text = el('p', 'text', ev.text);
-  // Lets the browser and screen readers pick the right font and voice (e.g. for Chinese).
-  if (ev.language && /^[a-z]{2,3}(-[A-Za-z0-9]+)*$/.test(ev.language)) text.lang = ev.language;
-  item.append(meta, text);
+  item.append(meta, textOf(ev));
   return item;
 }
 
+// Inserts item into list in published order: usually at the end, but a history replay can fill a
+// gap left during a disconnection.
+function insertInOrder(list, item, publishedTs) {
+  let before = null;
+  for (let node = list.lastElementChild; node && Number(node.dataset.publishedTs) > publishedTs;
+    node = node.previousElementSibling) before = node;
+  list.insertBefore(item, before);
+}
+
+function isNearBottomOf(list) {
+  return list.scrollHeight - list.scrollTop - list.clientHeight < NEAR_BOTTOM_PX;
+}
+
+// --- label counts ------------------------------------------------------------------------
+
+function countLabel(label) {
+  const key = label ?? UNSURE;
+  const n = (counts.get(key) || 0) + 1;
+  counts.set(key, n);
+  let chip = [...labelCounts.children].find((node) => node.dataset.label === key);
+  if (!chip) { // a label this page does not know yet
+    chip = el('li', `label-count ${labelClass(key)}`);
+    chip.dataset.label = key;
+    chip.append(el('span', 'label-name', labelText(key)), ' ', el('span', 'n'));
+    labelCounts.append(chip);
+  }
+  chip.dataset.count = n;
+  chip.querySelector('.n').textContent = String(n);
+}
+
+// --- questions & help queue --------------------------------------------------------------
+
+function loadCleared() {
+  try {
+    const ids = JSON.parse(sessionStorage.getItem(clearedKey) || '[]');
+    return new Set(Array.isArray(ids) ? ids.filter((id) => typeof id === 'string') : []);
+  } catch {
+    return new Set();
+  }
+}
+
+function saveCleared() {
+  try {
+    sessionStorage.setItem(clearedKey, JSON.stringify([...cleared].slice(-MAX_CLEARED_STORED)));
+  } catch { /* storage full or disabled: cleared for this page only */ }
+}
+
+function enqueue(ev, intent) {
+  if (!QUEUE_LABELS.has(intent.label) || cleared.has(ev.utterance_id) || queued.has(ev.utterance_id)) return false;
+  const item = el('li', 'queue-item');
+  item.dataset.utteranceId = ev.utterance_id;
+  item.dataset.label = intent.label;
+  item.dataset.studentId = ev.student_id;
+  item.dataset.publishedTs = ev.published_ts;
+
+  const meta = el('div', 'meta');
+  meta.append(intentBadge(intent), el('span', 'name', ev.student_name), timeOf(ev));
+  const done = el('button', 'clear secondary small', 'done');
+  done.type = 'button';
+  done.setAttribute('aria-label', `Done: ${labelText(intent.label)} from ${ev.student_name}`);
+  done.addEventListener('click', () => clearQueued([ev.utterance_id]));
+
+  item.append(meta, textOf(ev), done);
+  insertInOrder(queue, item, ev.published_ts);
+  queued.set(ev.utterance_id, item);
+  return true;
+}
+
+// Marks these queue items as handled: removed now and kept out of later history replays.
+function clearQueued(ids) {
+  const focused = queue.contains(document.activeElement) ? document.activeElement.closest('.queue-item') : null;
+  let focusNext = null;
+  if (focused && ids.includes(focused.dataset.utteranceId)) {
+    // Keyboard users continue with the neighbouring item instead of losing their place.
+    for (const sibling of [focused.nextElementSibling, focused.previousElementSibling]) {
+      if (sibling && !ids.includes(sibling.dataset.utteranceId)) { focusNext = sibling; break; }
+    }
+  }
+  for (const id of ids) {
+    cleared.add(id);
+    queued.get(id)?.remove();
+    queued.delete(id);
+  }
+  saveCleared();
+  updateQueueCount();
+  if (focused && !focused.isConnected) (focusNext?.querySelector('.clear') ?? queue).focus();
+}
+
+function updateQueueCount() {
+  queueCount.textContent = String(queued.size);
+  queueCount.dataset.count = queued.size;
+  clearAllButton.disabled = queued.size === 0;
+}
+
+clearAllButton.addEventListener('click', () => {
+  clearQueued([...queued.keys()]);
+  queue.focus(); // the button just became disabled
+});
+
 function isNearBottom() {
-  return feed.scrollHeight - feed.scrollTop - feed.clientHeight < NEAR_BOTTOM_PX;
+  return isNearBottomOf(feed);
 }
 
 function scrollToBottom() {
@@ -138,21 +283,26 @@ function scrollToBottom() {
   jumpButton.hidden = true;
 }
 
-// Adds the transcripts not shown yet, in publish order, and follows the newest one unless the
-// teacher has scrolled up to read.
+// Adds the transcripts not shown yet, in publish order, counts their labels and queues the
+// questions and help requests; the feed and the queue follow the newest item unless the teacher
+// has scrolled up to read.
 function addTranscripts(events) {
   const follow = isNearBottom();
+  const followQueue = isNearBottomOf(queue);
   let added = 0;
+  let queuedNow = 0;
   for (const ev of events) {
-    if (ev.type !== 'transcript' || !ev.utterance_id || transcripts.has(ev.utterance_id)) continue;
+    if (!ev || ev.type !== 'transcript' || !ev.utterance_id || transcripts.has(ev.utterance_id)) continue;
     transcripts.add(ev.utterance_id);
-    const item = renderTranscript(ev);
-    // Usually appended; a history replay can fill a gap left during a disconnection.
-    let before = null;
-    for (let node = feed.lastElementChild; node && Number(node.dataset.publishedTs) > ev.published_ts;
-      node = node.previousElementSibling) before = node;
-    feed.insertBefore(item, before);
+    const intent = intentOf(ev);
+    insertInOrder(feed, renderTranscript(ev, intent), ev.published_ts);
+    countLabel(intent.label);
+    if (enqueue(ev, intent)) queuedNow++;
     added++;
+  }
+  if (queuedNow) {
+    updateQueueCount();
+    if (followQueue) queue.scrollTop = queue.scrollHeight;
   }
   if (!added) return;
   if (follow) scrollToBottom();

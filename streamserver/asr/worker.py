@@ -16,14 +16,16 @@ from typing import Awaitable, Callable
 
 from engines.engine import Engine, Transcript
 from streamserver.events import TranscriptEvent, Utterance
+from streamserver.intent import IntentClassifier
 
 log = logging.getLogger(__name__)
 Publish = Callable[[TranscriptEvent], Awaitable[None]]
 
 
 class AsrWorker:
-    def __init__(self, engine: Engine, publish: Publish, max_batch: int = 16) -> None:
+    def __init__(self, engine: Engine, publish: Publish, max_batch: int = 16, intent: IntentClassifier | None = None) -> None:
         self.engine = engine
+        self.intent = intent
         self.publish = publish
         self.max_batch = max_batch
         self.queue: asyncio.Queue[Utterance] = asyncio.Queue()
@@ -62,12 +64,26 @@ class AsrWorker:
         loop = asyncio.get_running_loop()
         for language, group in by_language.items():
             audios = [u.audio for u in group]
-            results: list[Transcript] = await loop.run_in_executor(
-                self._executor, self.engine.transcribe_batch, audios, None if language == "auto" else language
+            results, intents = await loop.run_in_executor(
+                self._executor, self._recognise, audios, None if language == "auto" else language
             )
             self.batches += 1
             for u, r in zip(group, results):
                 self.transcribed += 1
                 if not r.text:
                     continue  # non-speech: nothing to show the teacher
-                await self.publish(TranscriptEvent.of(u, r.text, r.language))
+                event = TranscriptEvent.of(u, r.text, r.language)
+                event.intent = intents.get(r.text)
+                await self.publish(event)
+
+    def _recognise(self, audios: list, language: str | None) -> tuple[list[Transcript], dict[str, dict]]:
+        """In the worker thread: transcripts, then the intent of each non-empty one."""
+        results = self.engine.transcribe_batch(audios, language)
+        texts = sorted({r.text for r in results if r.text})
+        intents: dict[str, dict] = {}
+        if self.intent and texts:
+            try:
+                intents = {t: i.to_dict() for t, i in zip(texts, self.intent.classify(texts))}
+            except Exception:  # a transcript without a label beats no transcript
+                log.exception("intent classification failed")
+        return results, intents
