@@ -23,7 +23,7 @@ if __package__ in (None, ""):
 
 from streamserver.intent import LABELS  # noqa: E402
 from streamserver.intent.model import EmbeddingIntentClassifier  # noqa: E402
-from streamserver.intent.train import DATA  # noqa: E402
+from streamserver.intent.train import DATA, load  # noqa: E402
 
 NULL = -1
 
@@ -72,9 +72,9 @@ def main() -> None:
     ours = scores(y, np.array(pred), langs)
     ours["latency_ms"] = {"p50": round(statistics.median(times), 2), "p90": round(float(np.percentile(times, 90)), 2)}
 
-    train = rows("train")
-    emb_train = model.embedder.embed([r["text"] for r in train])
-    centroids = np.stack([emb_train[[r["label"] == l for r in train]].mean(axis=0) for l in LABELS])
+    train_texts, train_y = load("train")  # the same training lines as ours
+    emb_train = model.embedder.embed(train_texts)
+    centroids = np.stack([emb_train[train_y == k].mean(axis=0) for k in range(len(LABELS))])
     peer = scores(y, (model.embedder.embed(texts) @ centroids.T).argmax(axis=1), langs)
 
     report = {"test_utterances": len(test), "ours": ours, "peer_nearest_centroid": peer}

