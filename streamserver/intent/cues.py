@@ -21,6 +21,9 @@ _PATTERNS = [
     r"你好|老师好|谢谢|明白了|懂了|好的|准备好|做完|完成了|知道了",
     # bare answer: a number, a letter option, "the answer is"
     r"^\s*(option\s+)?[a-d]\s*[.!]?\s*$|^\s*-?\d+([.,]\d+)?\s*$|\banswer is\b|\bit'?s\b|答案|是\d|选",
+    # an explanation or a statement opens like an answer, not a question
+    r"^(um |uh )?(because|cause|so|i think|i guess|it'?s|it is|they|the \w+ (is|are|makes?|has)|maybe)\b",
+    r"^(嗯|那个)?(因为|所以|我觉得|我认为|应该是|就是|它是|不知道)",
 ]
 _COMPILED = [re.compile(p, re.IGNORECASE) for p in _PATTERNS]
 N_CUES = len(_COMPILED) + 2
