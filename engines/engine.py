@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -47,9 +47,6 @@ class Transcript:
     compression_ratio: float
     encoder_frames: int
     rejected: str | None = None  # why the text was withheld: "no_speech" or "repetition"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def token_budget(n_samples: int) -> int:

@@ -88,9 +88,8 @@ class _Builder:
             self.initializers.append(numpy_helper.from_array(np.array(value, order="C"), name))  # keeps 0-d scalars 0-d)
         return name
 
-    def weight(self, key: str, transpose: bool = False, scale: float = 1.0) -> str:
-        array = self.tensors[key].astype(np.float32) * np.float32(scale)
-        return self.const(array.T if transpose else array, key + (".T" if transpose else ""))
+    def weight(self, key: str) -> str:
+        return self.const(self.tensors[key].astype(np.float32), key)
 
     def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs: object) -> str | list[str]:
         self._count += 1

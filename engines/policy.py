@@ -3,8 +3,8 @@
 Whisper was trained on 30 s windows; an utterance is padded with silence up to its window.
 A shorter window saves encoder work in proportion, but cutting it too close makes greedy decoding
 loop (the decoder never sees the end-of-audio region). benchmarks/encoder_length.py measures the
-candidates on the dev clips; DEFAULT_POLICY is the fastest one that was no less accurate than
-padding to 30 s (README, "Encoder length").
+candidates on the dev clips; DEFAULT_POLICIES holds, per model, the fastest one that was no less
+accurate than padding to 30 s (README, "Encoder length").
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from streamserver.asr.worker import AsrWorker
 from streamserver.audio.pipeline import StudentAudio
 from streamserver.bus import Bus
 from streamserver.config import Settings
-from streamserver.events import StudentEvent, TranscriptEvent, Utterance
+from streamserver.events import StudentEvent, TranscriptEvent
 from streamserver.intent import IntentClassifier
 from streamserver.rooms.registry import Room, RoomRegistry
 from streamserver.transport import webrtc
@@ -109,6 +109,3 @@ class Classroom:
             await self.bus.publish(room_id, event_json)
         except Exception:
             log.exception("could not publish to room %s", room_id)
-
-    def submit(self, utterance: Utterance) -> None:
-        self.worker.submit(utterance)

@@ -14,6 +14,8 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable
 
+import numpy as np
+
 from engines.engine import Engine, Transcript
 from streamserver.events import TranscriptEvent, Utterance
 from streamserver.intent import IntentClassifier
@@ -76,7 +78,7 @@ class AsrWorker:
                 event.intent = intents.get(r.text)
                 await self.publish(event)
 
-    def _recognise(self, audios: list, language: str | None) -> tuple[list[Transcript], dict[str, dict]]:
+    def _recognise(self, audios: list[np.ndarray], language: str | None) -> tuple[list[Transcript], dict[str, dict]]:
         """In the worker thread: transcripts, then the intent of each non-empty one."""
         results = self.engine.transcribe_batch(audios, language)
         texts = sorted({r.text for r in results if r.text})
