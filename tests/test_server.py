@@ -40,6 +40,9 @@ def test_room_api_and_bad_input_answers(small_server):
             good = {"token": student_a, "type": "offer", "student_name": "Ann", "sdp": "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"}
             async with s.post(offer_a, json={**good, "token": student_a[:-3] + "xyz"}) as r:
                 assert r.status == 401
+            for odd in (5, None, ["a"], {"t": 1}):  # not even a string: still a clear 401
+                async with s.post(offer_a, json={**good, "token": odd}) as r:
+                    assert r.status == 401
             async with s.post(offer_a, json={**good, "token": teacher_a}) as r:
                 assert r.status == 403  # a teacher token is not a student token
             async with s.post(offer_a, json={**good, "token": token_of(b["student_url"])}) as r:

@@ -75,7 +75,7 @@ async def answer(
         await pc.setLocalDescription(await pc.createAnswer())
     except Exception as error:  # aiortc raises ValueError, KeyError ... on bad SDP
         await pc.close()
-        raise OfferError(f"cannot use this offer: {error}") from None
+        raise OfferError(f"cannot use this offer: {error or type(error).__name__}") from None
     return pc, pc.localDescription.sdp
 
 
