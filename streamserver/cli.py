@@ -95,10 +95,10 @@ def _serve(args: argparse.Namespace) -> int:
         language = "en" if not engine.multilingual else "auto"
         room = classroom.rooms.create(args.demo_room, language)
         base = settings.public_url or f"http://{settings.host}:{settings.port}"
-        ttl = settings.token_ttl_s
+        links = tokens.room_links(settings.secret, room.room_id, base, settings.token_ttl_s)
         print(f"demo room {room.name!r} ({language}):", flush=True)
-        print(f"  teacher: {base}/teacher?room={room.room_id}&token={tokens.issue(settings.secret, room.room_id, 'teacher', ttl)}")
-        print(f"  student: {base}/student?room={room.room_id}&token={tokens.issue(settings.secret, room.room_id, 'student', ttl)}", flush=True)
+        print(f"  teacher: {links['teacher_url']}")
+        print(f"  student: {links['student_url']}", flush=True)
     bus = "redis " + settings.redis_url if settings.redis_url else "embedded bus"
     _progress(f"serving on http://{settings.host}:{settings.port} ({settings.model}, {bus})")
     web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None)

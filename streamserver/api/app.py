@@ -73,16 +73,12 @@ async def create_room(request: web.Request) -> web.Response:
         return _error(400, f"this server runs the English-only model {classroom.engine.model}; start it with --model base")
     room = classroom.rooms.create(name.strip(), language)
     base = settings.public_url or f"{request.scheme}://{request.host}"
-    ttl = settings.token_ttl_s
-    teacher = tokens.issue(settings.secret, room.room_id, "teacher", ttl)
-    student = tokens.issue(settings.secret, room.room_id, "student", ttl)
     return web.json_response(
         {
             "room_id": room.room_id,
             "name": room.name,
             "language": room.language,
-            "teacher_url": f"{base}/teacher?room={room.room_id}&token={teacher}",
-            "student_url": f"{base}/student?room={room.room_id}&token={student}",
+            **tokens.room_links(settings.secret, room.room_id, base, settings.token_ttl_s),
         },
         status=201,
     )

@@ -66,3 +66,10 @@ def verify(secret: str, token: object, room_id: str, role: str) -> Claim:
     if claim.role != role:
         raise TokenError(f"a {claim.role} token cannot do this", 403)
     return claim
+
+
+def room_links(secret: str, room_id: str, base_url: str, ttl_s: float) -> dict[str, str]:
+    """The teacher and student URLs of a room, each carrying its signed token."""
+    return {
+        f"{role}_url": f"{base_url}/{role}?room={room_id}&token={issue(secret, room_id, role, ttl_s)}" for role in ROLES
+    }
