@@ -8,22 +8,25 @@ re-runs a suspicious utterance with the full 30 s window before giving up on it.
 
 from __future__ import annotations
 
+import logging
 import re
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from engines.backends import Backend, create_backend
+from engines.backends import ENGINES, Backend, create_backend
 from engines.decoding import Decoded, detect_languages, greedy_decode
 from engines.graphs import DEFAULT_PRECISION
 from engines.features import N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel
 from engines.policy import POLICIES, EncoderPolicy, default_policy
 from engines.tokenizer import WhisperTokenizer
 from engines.voicing import voiced_seconds
-from engines.weights import load_weights
+from engines.weights import Weights, load_weights
+
+log = logging.getLogger(__name__)
 
 # Whisper base drifts to traditional characters without a simplified-Chinese prompt.
 DEFAULT_PROMPTS = {"zh": "以下是普通话的句子。"}
@@ -197,6 +200,11 @@ def split_on_quiet(audio: np.ndarray, window_s: float = 30.0, search_s: float = 
     return [p for p in pieces if p.size]
 
 
+# Engine loads by (backend, outcome): what /metrics reports, and how a silent fall back to the CPU
+# shows up on a machine whose GPU path broke.
+ENGINE_LOADS: Counter[tuple[str, str]] = Counter()
+
+
 def load_engine(
     model: str = "tiny.en",
     backend: str = "onnxruntime",
@@ -206,10 +214,36 @@ def load_engine(
     progress: Callable[[str], None] | None = None,
 ) -> Engine:
     """An engine for a packaged model; the first call builds its graphs into the cache.
-    policy None takes the model's measured default (engines/policy.py)."""
+    policy None takes the model's measured default (engines/policy.py). backend "auto" tries
+    tensorrt, then torch-cuda, then onnxruntime, with a warning for each that cannot load."""
     policy = policy or default_policy(model)
     if policy not in POLICIES:
         raise ValueError(f"unknown encoder policy {policy!r}; choose one of: {', '.join(POLICIES)}")
+    if backend != "auto" and backend not in ENGINES:
+        raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(ENGINES)}, auto")
     weights = load_weights(model)
     tokenizer = WhisperTokenizer.load(weights.folder, weights.config, weights.dims.n_vocab)
-    return Engine(model, create_backend(backend, weights, threads, precision, progress), tokenizer, POLICIES[policy])
+    for name in ENGINES if backend == "auto" else (backend,):
+        try:
+            engine = _engine(name, model, weights, tokenizer, POLICIES[policy], threads, precision, progress)
+        except Exception as error:  # noqa: BLE001 - any failure to load falls through to the next
+            ENGINE_LOADS[(name, "failed")] += 1
+            if backend != "auto":
+                raise
+            log.warning("backend %s did not load (%s); trying the next", name, error)
+            continue
+        ENGINE_LOADS[(name, "loaded")] += 1
+        return engine
+    raise AssertionError("onnxruntime is always the last resort")  # pragma: no cover
+
+
+def _engine(
+    name: str, model: str, weights: Weights, tokenizer: WhisperTokenizer, policy: EncoderPolicy, threads: int,
+    precision: str, progress: Callable[[str], None] | None,
+) -> Engine:
+    if name == "torch-cuda":
+        from engines.backends.torch_cuda import TorchCudaEngine
+
+        return TorchCudaEngine(model, weights, tokenizer, policy)
+    # TensorRT engines are fp16 or int8; the CPU default int8 means the same there.
+    return Engine(model, create_backend(name, weights, threads, precision, progress), tokenizer, policy)

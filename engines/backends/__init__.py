@@ -13,6 +13,10 @@ import numpy as np
 from engines.weights import Weights
 
 
+class BackendUnavailable(RuntimeError):
+    """A backend cannot run here: its package or its hardware is missing (the message says which)."""
+
+
 class Backend(Protocol):
     name: str
 
@@ -26,14 +30,23 @@ class Backend(Protocol):
         """The state of the listed batch rows only: finished utterances stop costing work."""
 
 
-BACKENDS = ("onnxruntime",)
+# Step-by-step backends. "torch-cuda" is a whole engine (engines/backends/torch_cuda.py) and
+# "auto" a choice among them: engines.engine.load_engine resolves both.
+BACKENDS = ("onnxruntime", "tensorrt")
+ENGINES = ("tensorrt", "torch-cuda", "onnxruntime")  # what "auto" tries, in this order
 
 
 def create_backend(
     name: str, weights: Weights, threads: int, precision: str, progress: Callable[[str], None] | None = None
 ) -> Backend:
-    if name in ("onnxruntime", "auto"):
+    if name == "onnxruntime":
         from engines.backends.onnxruntime import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(weights, threads, precision, progress)
-    raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}, auto")
+    if name == "tensorrt":
+        try:
+            from engines.tensorrt.runtime import TensorRTBackend
+        except ImportError as error:
+            raise BackendUnavailable(f"the tensorrt backend cannot load here: {error}") from error
+        return TensorRTBackend(weights, threads, precision, progress)
+    raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(ENGINES)}, auto")

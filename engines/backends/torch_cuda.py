@@ -1,0 +1,120 @@
+"""The PyTorch CUDA engine: log-mel, encoder and in-flight decoding on the GPU.
+
+An Engine (engines/engine.py) whose batches run through engines/inflight.py instead of the
+step-by-step Backend protocol: the greedy rules run on the GPU and only token ids come back, so
+a batch of 64 costs little more than a batch of one. Everything around the decoding (the
+voicing and no-speech gates, the repetition re-run, simplified Chinese) is the Engine's own,
+which is what makes its transcripts comparable with the CPU backend's.
+
+torch is an optional extra (`pip install 'streamserver[gpu]'`); importing this module without
+it raises BackendUnavailable with that advice.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import numpy as np
+
+from engines.backends import BackendUnavailable
+
+try:
+    import torch
+except ImportError as error:  # pragma: no cover - depends on the install
+    raise BackendUnavailable("the torch-cuda backend needs PyTorch: pip install 'streamserver[gpu]'") from error
+
+from engines.engine import DEFAULT_PROMPTS, Engine, Transcript, token_budget
+from engines.inflight import InflightDecoder, Job, make_prefix
+from engines.policy import EncoderPolicy
+from engines.tokenizer import WhisperTokenizer
+from engines.torch_whisper import GpuLogMel, TorchWhisper
+from engines.weights import Weights
+
+
+def cuda_device() -> "torch.device":
+    if not torch.cuda.is_available():
+        raise BackendUnavailable("the torch-cuda backend needs a CUDA GPU; torch.cuda.is_available() is False here")
+    return torch.device("cuda")
+
+
+class TorchCudaEngine(Engine):
+    def __init__(
+        self,
+        model: str,
+        weights: Weights,
+        tokenizer: WhisperTokenizer,
+        policy: EncoderPolicy,
+        device: "torch.device | None" = None,
+        slots: int = 256,
+    ) -> None:
+        device = device or cuda_device()
+        super().__init__(model, None, tokenizer, policy)  # type: ignore[arg-type]  # no step-by-step backend
+        dtype = torch.float16 if device.type == "cuda" else torch.float32
+        self.whisper = TorchWhisper(weights, device, dtype)
+        self.mel = GpuLogMel(device)
+        self.decoder = InflightDecoder(self.whisper, tokenizer, slots=slots)
+
+    @property
+    def backend_name(self) -> str:
+        return "torch-cuda"
+
+    def encode(self, audios: Sequence[np.ndarray], n_frames: int) -> list[tuple["torch.Tensor", "torch.Tensor"]]:
+        """Log-mel and encoder for utterances sharing an encoder length: per layer (K, V) [B, H, ctx, hd]."""
+        return self.whisper.encode(self.mel(list(audios), n_frames, self.policy.pad_value))
+
+    def jobs(self, audios: Sequence[np.ndarray], languages: Sequence[str], prompt: str | None, tags: Sequence[object] = ()) -> list[Job]:
+        out = []
+        for i, (audio, lang) in enumerate(zip(audios, languages)):
+            text_prompt = prompt if prompt is not None else DEFAULT_PROMPTS.get(lang)
+            prompt_ids = self.tokenizer.encode(" " + text_prompt.strip()) if text_prompt else None
+            prefix, sot_index = make_prefix(self.tokenizer, lang, prompt_ids)
+            out.append(Job(prefix, sot_index, token_budget(audio.size), lang, tags[i] if tags else None))
+        return out
+
+    def detect_languages(self, cross_kv: list[tuple["torch.Tensor", "torch.Tensor"]]) -> list[str]:
+        """One decoder step on <|startoftranscript|> with a one-position cache; the likeliest language token."""
+        w, tok = self.whisper, self.tokenizer
+        n = cross_kv[0][0].shape[0]
+        dev = w.device
+        with torch.inference_mode():
+            self_kv = [tuple(torch.zeros(n, w.n_heads, 1, w.head_dim, device=dev, dtype=w.dtype) for _ in "kv") for _ in cross_kv]
+            logits = w.step(
+                torch.full((n,), tok.sot, device=dev, dtype=torch.long), torch.zeros(n, device=dev, dtype=torch.long),
+                self_kv, cross_kv, torch.full((n,), cross_kv[0][0].shape[2], device=dev, dtype=torch.long),
+            )
+        codes = list(tok.languages)
+        ids = torch.tensor([tok.languages[c] for c in codes], device=dev)
+        return [codes[i] for i in logits[:, ids].argmax(dim=1).tolist()]
+
+    def _run(self, audios: Sequence[np.ndarray], frames: list[int], language: str | None, prompt: str | None) -> list[Transcript]:
+        results: list[Transcript | None] = [None] * len(audios)
+        by_frames: dict[int, list[int]] = defaultdict(list)
+        for i, f in enumerate(frames):
+            by_frames[f].append(i)
+        submitted: list[tuple[Job, int]] = []
+        for n_frames, rows in by_frames.items():
+            cross_kv = self.encode([audios[i] for i in rows], n_frames)
+            if not self.multilingual:
+                languages = ["en"] * len(rows)
+            elif language is None:
+                languages = self.detect_languages(cross_kv)
+            else:
+                languages = [language] * len(rows)
+            jobs = self.jobs([audios[i] for i in rows], languages, prompt, tags=[n_frames] * len(rows))
+            self.decoder.submit(cross_kv, jobs)
+            submitted += list(zip(jobs, rows))
+        waiting = {id(job) for job, _ in submitted}
+        while waiting:  # the decoder may also carry other callers' utterances
+            for job in self.decoder.run_once():
+                waiting.discard(id(job))
+        for job, row in submitted:
+            assert job.result is not None
+            results[row] = self._finish(job.result, int(job.tag))
+        return [r for r in results if r is not None]
+
+    def warmup(self) -> None:
+        """The Engine's warm-up run, then the step graphs of every batch size for the default
+        window, so that no request pays for a capture (~10 ms each)."""
+        super().warmup()
+        self.decoder.capture(context=self.policy.frames(1) // 2)

@@ -1,0 +1,291 @@
+"""In-flight batching on the GPU: utterances join the decode loop between steps and leave it as
+soon as they end, so one long utterance never holds the others back.
+
+Every utterance being decoded owns a slot: a row of each preallocated cache and of the small
+per-slot state (next input token, position, forced prefix, token budget, output so far). One
+step advances every active slot by one token; Whisper's greedy rules (suppressed tokens, no
+blank or end-of-text first, the no-speech probability read at <|startoftranscript|>, the budget)
+run on the GPU inside that step, so the host reads back only which slots finished. Active slots
+are kept at the front (a finished slot is refilled by moving the last one into it), and the step
+for n active slots runs as a CUDA graph captured for the smallest bucket >= n: replaying a graph
+costs a few microseconds where launching its ~200 kernels one by one costs milliseconds.
+
+The prompt and task tokens go through the same one-token step as forced tokens: decoding.py on
+the CPU feeds them in one multi-token call, which is the same arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from engines.decoding import MAX_PROMPT_TOKENS, Decoded
+from engines.tokenizer import WhisperTokenizer
+from engines.torch_whisper import TorchWhisper
+
+MAX_TOKENS = 224  # generated tokens a slot can hold (the engine's MAX_SAMPLE_LEN)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+POSITION_BUCKETS = (128, 448)  # self-attention cache length a step reads
+CONTEXT_BUCKETS = (500, 1000, 1500)  # encoder positions a step reads (10, 20, 30 s windows)
+
+
+@dataclass
+class Job:
+    """One utterance waiting for or holding a slot (its encoder output travels beside it)."""
+
+    prefix: list[int]  # forced tokens: [<|startofprev|>, prompt...] <|startoftranscript|> task...
+    sot_index: int  # where <|startoftranscript|> is in prefix (the no-speech probability is read there)
+    budget: int
+    language: str
+    tag: Any = None  # the caller's handle, returned with the result
+    result: Decoded | None = field(default=None)
+
+
+def _bucket(n: int, buckets: tuple[int, ...]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} is over the largest bucket {buckets[-1]}")
+
+
+class InflightDecoder:
+    def __init__(self, model: TorchWhisper, tok: WhisperTokenizer, slots: int = 256, graphs: bool = True) -> None:
+        if slots not in BATCH_BUCKETS:
+            raise ValueError(f"slots must be one of {BATCH_BUCKETS}")
+        self.model, self.tok, self.slots = model, tok, slots
+        self.graphs = graphs and model.device.type == "cuda"
+        dev, d = model.device, model.dims
+        H, hd = model.n_heads, model.head_dim
+        cache = lambda length: (  # noqa: E731
+            torch.zeros(slots, H, length, hd, device=dev, dtype=model.dtype),
+            torch.zeros(slots, H, length, hd, device=dev, dtype=model.dtype),
+        )
+        self.self_kv = [cache(d.n_text_ctx) for _ in range(d.n_text_layer)]
+        self.cross_kv = [cache(d.n_audio_ctx) for _ in range(d.n_text_layer)]
+        z = lambda dtype=torch.long: torch.zeros(slots, device=dev, dtype=dtype)  # noqa: E731
+        self.cross_len, self.token, self.pos = z(), z(), z()
+        self.prefix = torch.zeros(slots, d.n_text_ctx, device=dev, dtype=torch.long)
+        self.prefix_len, self.sot_pos, self.budget, self.n_out = z(), z(), z(), z()
+        self.out = torch.zeros(slots, MAX_TOKENS + 1, device=dev, dtype=torch.long)
+        self.logprob, self.no_speech = z(torch.float32), z(torch.float32)
+        self.done, self.hit_budget = z(torch.bool), z(torch.bool)
+        self.rows = torch.arange(slots, device=dev)
+        # Suppression as on the CPU (decoding._suppression): specials and non-speech symbols always,
+        # and a bare space or end-of-text as the first token.
+        always = torch.zeros(d.n_vocab, dtype=torch.bool)
+        always[list(tok.suppress_ids)] = True
+        always[tok.eot + 1 :] = True
+        first = always.clone()
+        first[list(tok.suppress_ids_begin)] = True
+        self.always, self.first = always.to(dev), first.to(dev)
+        self.jobs: list[Job | None] = [None] * slots  # the job in each slot
+        self.active = 0  # slots [0, active) are in use
+        self.pending: deque[tuple[list[tuple[torch.Tensor, torch.Tensor]], list[Job]]] = deque()
+        self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+
+    # ---- the step (graph-capturable: fixed shapes, no host synchronisation) ----
+
+    def _step(self, n: int, positions: int, context: int) -> None:
+        m, tok = self.model, self.tok
+        rows = self.rows[:n]
+        token, pos, done = self.token[:n], self.pos[:n], self.done[:n]
+        self_kv = [(k[:n, :, :positions], v[:n, :, :positions]) for k, v in self.self_kv]
+        cross_kv = [(k[:n, :, :context], v[:n, :, :context]) for k, v in self.cross_kv]
+        logits = m.step(token, pos, self_kv, cross_kv, self.cross_len[:n])
+        # The no-speech probability: softmax of the raw logits after <|startoftranscript|>.
+        at_sot = pos == self.sot_pos[:n]
+        p_none = torch.softmax(logits, dim=-1)[:, tok.no_speech]
+        self.no_speech[:n] = torch.where(at_sot, p_none, self.no_speech[:n])
+        next_pos = pos + 1
+        forced = next_pos < self.prefix_len[:n]
+        is_first = next_pos == self.prefix_len[:n]
+        mask = torch.where(is_first[:, None], self.first[None, :], self.always[None, :])
+        masked = logits.masked_fill(mask, float("-inf"))
+        chosen = masked.argmax(dim=-1)
+        chosen_lp = masked.gather(1, chosen[:, None])[:, 0] - torch.logsumexp(masked, dim=-1)
+        free = ~forced & ~done
+        self.logprob[:n] += torch.where(free, chosen_lp, torch.zeros_like(chosen_lp))
+        is_eot = chosen == tok.eot
+        emit = free & ~is_eot
+        n_out = self.n_out[:n]
+        slot = n_out.clamp(max=MAX_TOKENS)
+        self.out[rows, slot] = torch.where(emit, chosen, self.out[rows, slot])
+        n_out = n_out + emit.long()
+        self.n_out[:n] = n_out
+        full = emit & (n_out >= self.budget[:n])
+        self.hit_budget[:n] |= full
+        self.done[:n] = done | (free & is_eot) | full
+        prefix_next = self.prefix[rows, next_pos.clamp(max=self.prefix.shape[1] - 1)]
+        self.token[:n] = torch.where(forced, prefix_next, chosen)
+        self.pos[:n] = torch.where(self.done[:n], pos, next_pos.clamp(max=positions - 1))
+
+    def _run_step(self, n: int) -> None:
+        positions = _bucket(self._max_pos, POSITION_BUCKETS)
+        context = _bucket(self._max_ctx, CONTEXT_BUCKETS)
+        if not self.graphs:
+            self._step(n, positions, context)
+            return
+        size = _bucket(n, BATCH_BUCKETS)
+        key = (size, positions, context)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._capture(size, positions, context)
+        graph.replay()
+
+    def _capture(self, size: int, positions: int, context: int) -> torch.cuda.CUDAGraph:
+        # Warm up on a side stream (lazy initialisation must not happen inside the capture). The
+        # step writes only to slots whose state says so, but rows [active, size) may hold stale
+        # state: save and restore everything a step writes.
+        saved = self._snapshot()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._step(size, positions, context)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._step(size, positions, context)
+        self._restore(saved)
+        self._graphs[(size, positions, context)] = graph
+        return graph
+
+    def capture(self, context: int, positions: tuple[int, ...] = POSITION_BUCKETS) -> None:
+        """Capture ahead of time the graphs of every batch bucket for this encoder length."""
+        if not self.graphs:
+            return
+        ctx = _bucket(context, CONTEXT_BUCKETS)
+        for size in BATCH_BUCKETS:
+            for p in positions:
+                if size <= self.slots and (size, p, ctx) not in self._graphs:
+                    self._capture(size, p, ctx)
+
+    def _snapshot(self) -> list[torch.Tensor]:
+        return [t.clone() for t in self._state_tensors()]
+
+    def _restore(self, saved: list[torch.Tensor]) -> None:
+        for t, s in zip(self._state_tensors(), saved):
+            t.copy_(s)
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        return [self.token, self.pos, self.n_out, self.out, self.logprob, self.no_speech, self.done, self.hit_budget]
+
+    # ---- slots: admit, finish, compact (host side, between steps) ----
+
+    def submit(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job]) -> None:
+        """Queue encoded utterances: cross_kv per decoder layer [len(jobs), H, ctx, hd], one row per job."""
+        if cross_kv[0][0].shape[0] != len(jobs):
+            raise ValueError(f"{cross_kv[0][0].shape[0]} encoder rows for {len(jobs)} jobs")
+        for job in jobs:
+            if len(job.prefix) + job.budget > self.prefix.shape[1]:
+                raise ValueError(f"prefix of {len(job.prefix)} + budget {job.budget} is over {self.prefix.shape[1]} positions")
+        self.pending.append((cross_kv, list(jobs)))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.active or self.pending)
+
+    def _admit(self) -> None:
+        """Move waiting utterances into free slots: one copy per layer for a whole encoded batch."""
+        while self.pending and self.active < self.slots:
+            cross_kv, jobs = self.pending[0]
+            take = min(len(jobs), self.slots - self.active)
+            if take < len(jobs):  # the rest waits for the next free slots
+                self.pending[0] = ([(k[take:], v[take:]) for k, v in cross_kv], jobs[take:])
+                cross_kv, jobs = [(k[:take], v[:take]) for k, v in cross_kv], jobs[:take]
+            else:
+                self.pending.popleft()
+            self._place(cross_kv, jobs)
+
+    def _place(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job]) -> None:
+        start, take, dev = self.active, len(jobs), self.model.device
+        ctx = cross_kv[0][0].shape[2]
+        for (k, v), (jk, jv) in zip(self.cross_kv, cross_kv):
+            k[start : start + take, :, :ctx] = jk
+            v[start : start + take, :, :ctx] = jv
+        prefix = np.zeros((take, self.prefix.shape[1]), np.int64)
+        for j, job in enumerate(jobs):
+            prefix[j, : len(job.prefix)] = job.prefix
+        block = slice(start, start + take)
+        self.prefix[block] = torch.from_numpy(prefix).to(dev)
+        self.token[block] = torch.from_numpy(prefix[:, 0]).to(dev)
+        self.cross_len[block] = ctx
+        for name, values in (("prefix_len", [len(j.prefix) for j in jobs]), ("sot_pos", [j.sot_index for j in jobs]),
+                             ("budget", [j.budget for j in jobs])):
+            getattr(self, name)[block] = torch.tensor(values, device=dev)
+        for t in (self.pos, self.n_out, self.logprob, self.no_speech, self.done, self.hit_budget):
+            t[block] = 0
+        self.jobs[block] = jobs
+        self.active += take
+        # Upper bounds over the active slots, for the buckets a step reads (reset when all leave).
+        self._max_ctx = max(self._max_ctx, ctx)
+        self._max_pos = max(self._max_pos, max(len(j.prefix) + j.budget for j in jobs))
+
+    _max_ctx = 0
+    _max_pos = 0  # ... and of the positions any of them can reach
+
+    def _finish(self, finished: np.ndarray) -> list[Job]:
+        """Read the results of the finished slots, then move the last active slots into their places."""
+        idx = torch.from_numpy(finished).to(self.model.device)
+        out, n_out = self.out[idx].cpu().numpy(), self.n_out[idx].cpu().numpy()
+        logprob, no_speech = self.logprob[idx].cpu().numpy(), self.no_speech[idx].cpu().numpy()
+        hit = self.hit_budget[idx].cpu().numpy()
+        done_jobs = []
+        for j, s in enumerate(finished):
+            job = self.jobs[s]
+            assert job is not None
+            tokens = out[j, : n_out[j]].tolist()
+            job.result = Decoded(tokens, job.language, float(no_speech[j]), float(logprob[j] / (len(tokens) + 1)), bool(hit[j]))
+            self.jobs[s] = None
+            done_jobs.append(job)
+        # Compact: the highest active slots that are still running fill the holes below the new end.
+        keep = self.active - len(finished)
+        holes = [int(s) for s in finished if s < keep]
+        movers = [s for s in range(keep, self.active) if self.jobs[s] is not None]
+        if holes:
+            src = torch.tensor(movers, device=self.model.device)
+            dst = torch.tensor(holes, device=self.model.device)
+            for k, v in self.self_kv + self.cross_kv:
+                k[dst] = k[src]
+                v[dst] = v[src]
+            for t in (self.cross_len, self.token, self.pos, self.prefix, self.prefix_len, self.sot_pos, self.budget,
+                      self.n_out, self.out, self.logprob, self.no_speech, self.done, self.hit_budget):
+                t[dst] = t[src]
+            for h, m in zip(holes, movers):
+                self.jobs[h], self.jobs[m] = self.jobs[m], None
+        self.active = keep
+        if not keep:
+            self._max_ctx = self._max_pos = 0
+        return done_jobs
+
+    def run_once(self) -> list[Job]:
+        """Admit what waits (as slots allow), advance every active slot one token, return the jobs
+        that finished."""
+        self._admit()
+        if not self.active:
+            return []
+        n = self.active
+        self._run_step(n)
+        done = self.done[:n].cpu().numpy()  # the one synchronisation a step needs
+        finished = np.flatnonzero(done)
+        return self._finish(finished) if finished.size else []
+
+    def run(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job]) -> list[Job]:
+        """Decode these jobs to the end (with whatever else is in flight); returned in input order."""
+        self.submit(cross_kv, jobs)
+        waiting = {id(j) for j in jobs}
+        while waiting:
+            for job in self.run_once():
+                waiting.discard(id(job))
+        return jobs
+
+
+def make_prefix(tok: WhisperTokenizer, language: str, prompt: list[int] | None) -> tuple[list[int], int]:
+    """The forced tokens of an utterance and the index of <|startoftranscript|> in them, as
+    decoding.greedy_decode builds them."""
+    head = ([tok.sot_prev, *prompt[-MAX_PROMPT_TOKENS:]] if prompt else []) + [tok.sot]
+    return head + list(tok.task_prefix(language)), len(head) - 1

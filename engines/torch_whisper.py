@@ -1,0 +1,189 @@
+"""Whisper in PyTorch for the GPU path: the packaged weights as fp16 tensors, the log-mel front
+end, the encoder, and one decoder step over preallocated caches.
+
+The step is written for CUDA graphs: every tensor it touches has a fixed shape and address.
+Each slot (one utterance being decoded) owns a row of the self-attention cache, 448 positions
+long, and a row of the cross-attention keys/values; `pos` says where each slot's next token
+goes and masks what it may see. The same arithmetic as engines/graphs.py (the ONNX graphs), so
+that transcripts can be compared token for token with the CPU backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engines.features import HOP_LENGTH, N_FFT, N_FRAMES, mel_filterbank
+from engines.weights import Weights
+
+_LOG_FLOOR = 1e-10
+_DYNAMIC_RANGE = 8.0
+
+
+class GpuLogMel:
+    """Whisper's log-mel on the GPU, equal (to float32 rounding) to engines.features.log_mel: at
+    2,000 utterances a second the numpy front end alone would need several CPU cores."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.window = torch.hann_window(N_FFT, periodic=True, device=device)
+        self.filters = torch.from_numpy(np.array(mel_filterbank(), np.float32)).to(device)  # [80, 201]
+
+    @torch.inference_mode()
+    def __call__(self, audios: list[np.ndarray], n_frames: int, fill: float | None) -> torch.Tensor:
+        """float32 [len(audios), 80, n_frames]. Each clip is zero-padded past n_frames + 2 frames, so
+        that the frames that still overlap its end count towards its maximum, as on the CPU."""
+        length = (n_frames + 2) * HOP_LENGTH
+        batch = np.zeros((len(audios), length), np.float32)
+        for i, a in enumerate(audios):
+            batch[i, : a.size] = a
+        signal = torch.from_numpy(batch).to(self.device, non_blocking=True)
+        spec = torch.stft(signal, N_FFT, HOP_LENGTH, window=self.window, center=True, pad_mode="reflect", return_complex=True)
+        power = spec.real.square() + spec.imag.square()  # [B, 201, frames]
+        log_spec = torch.clamp(self.filters @ power, min=_LOG_FLOOR).log10()
+        top = log_spec.amax(dim=(1, 2), keepdim=True)
+        out = (torch.maximum(log_spec[:, :, :n_frames], top - _DYNAMIC_RANGE) + 4.0) / 4.0
+        if fill is not None:
+            # Frames from ceil(n / 160) + 1 on hold no audio: faster-whisper's constant there.
+            first = torch.tensor([-(-a.size // HOP_LENGTH) + 1 for a in audios], device=self.device)
+            after = torch.arange(n_frames, device=self.device)[None, :] >= first[:, None]
+            out = out.masked_fill(after[:, None, :], fill)
+        return out
+
+
+@dataclass
+class Layer:
+    """One transformer layer's weights: fused q/k/v rows, output, MLP, norms."""
+
+    ln1: tuple[torch.Tensor, torch.Tensor]
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor
+    out_w: torch.Tensor
+    out_b: torch.Tensor
+    ln_mlp: tuple[torch.Tensor, torch.Tensor]
+    fc1_w: torch.Tensor
+    fc1_b: torch.Tensor
+    fc2_w: torch.Tensor
+    fc2_b: torch.Tensor
+    # decoder only: cross-attention query, keys/values projection (applied once per utterance), output
+    ln_cross: tuple[torch.Tensor, torch.Tensor] | None = None
+    cq_w: torch.Tensor | None = None
+    cq_b: torch.Tensor | None = None
+    ckv_w: torch.Tensor | None = None
+    ckv_b: torch.Tensor | None = None
+    co_w: torch.Tensor | None = None
+    co_b: torch.Tensor | None = None
+
+
+class TorchWhisper:
+    """The model's math. fp16 weights and activations; layer norms, softmax and the logits in fp32."""
+
+    def __init__(self, weights: Weights, device: torch.device, dtype: torch.dtype = torch.float16) -> None:
+        d = weights.dims
+        self.dims, self.device, self.dtype = d, device, dtype
+        self.n_heads, self.width = d.n_heads, d.n_audio_state
+        self.head_dim = d.n_audio_state // d.n_heads
+        t = weights.tensors
+
+        def w(name: str) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(t[name], np.float32)).to(device, dtype)
+
+        def norm(prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+            return (w(prefix + "/gamma").float(), w(prefix + "/beta").float())
+
+        def layer(p: str, decoder: bool) -> Layer:
+            extra = {}
+            if decoder:
+                extra = dict(
+                    ln_cross=norm(p + "/attention/layer_norm"),
+                    cq_w=w(p + "/attention/linear_0/weight"), cq_b=w(p + "/attention/linear_0/bias"),
+                    ckv_w=w(p + "/attention/linear_1/weight"), ckv_b=w(p + "/attention/linear_1/bias"),
+                    co_w=w(p + "/attention/linear_2/weight"), co_b=w(p + "/attention/linear_2/bias"),
+                )
+            return Layer(
+                ln1=norm(p + "/self_attention/layer_norm"),
+                qkv_w=w(p + "/self_attention/linear_0/weight"), qkv_b=w(p + "/self_attention/linear_0/bias"),
+                out_w=w(p + "/self_attention/linear_1/weight"), out_b=w(p + "/self_attention/linear_1/bias"),
+                ln_mlp=norm(p + "/ffn/layer_norm"),
+                fc1_w=w(p + "/ffn/linear_0/weight"), fc1_b=w(p + "/ffn/linear_0/bias"),
+                fc2_w=w(p + "/ffn/linear_1/weight"), fc2_b=w(p + "/ffn/linear_1/bias"),
+                **extra,
+            )
+
+        self.conv1 = (w("encoder/conv1/weight"), w("encoder/conv1/bias"))
+        self.conv2 = (w("encoder/conv2/weight"), w("encoder/conv2/bias"))
+        self.audio_pos = w("encoder/position_encodings/encodings")
+        self.encoder_layers = [layer(f"encoder/layer_{i}", False) for i in range(d.n_audio_layer)]
+        self.encoder_norm = norm("encoder/layer_norm")
+        self.embed = w("decoder/embeddings/weight")
+        self.text_pos = w("decoder/position_encodings/encodings")
+        self.decoder_layers = [layer(f"decoder/layer_{i}", True) for i in range(d.n_text_layer)]
+        self.decoder_norm = norm("decoder/layer_norm")
+
+    def _ln(self, x: torch.Tensor, params: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return F.layer_norm(x.float(), (x.shape[-1],), params[0], params[1], 1e-5).to(self.dtype)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, d] -> [B, H, T, hd]"""
+        return x.unflatten(-1, (self.n_heads, self.head_dim)).transpose(1, 2)
+
+    def _mlp(self, x: torch.Tensor, l: Layer) -> torch.Tensor:
+        h = F.gelu(F.linear(self._ln(x, l.ln_mlp), l.fc1_w, l.fc1_b))
+        return F.linear(h, l.fc2_w, l.fc2_b)
+
+    @torch.inference_mode()
+    def encode(self, mel: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """mel [B, 80, frames] -> per decoder layer the cross-attention (K, V), each [B, H, frames/2, hd]."""
+        x = F.gelu(F.conv1d(mel.to(self.dtype), *self.conv1, padding=1))
+        x = F.gelu(F.conv1d(x, *self.conv2, stride=2, padding=1)).transpose(1, 2)
+        x = x + self.audio_pos[: x.shape[1]]
+        for l in self.encoder_layers:
+            q, k, v = (self._heads(t) for t in F.linear(self._ln(x, l.ln1), l.qkv_w, l.qkv_b).chunk(3, dim=-1))
+            a = F.scaled_dot_product_attention(q, k, v)
+            x = x + F.linear(a.transpose(1, 2).flatten(2), l.out_w, l.out_b)
+            x = x + self._mlp(x, l)
+        x = self._ln(x, self.encoder_norm)
+        out = []
+        for l in self.decoder_layers:
+            k, v = F.linear(x, l.ckv_w, l.ckv_b).chunk(2, dim=-1)
+            out.append((self._heads(k), self._heads(v)))
+        return out
+
+    def step(
+        self,
+        tokens: torch.Tensor,  # [S] int64: each slot's input token
+        pos: torch.Tensor,  # [S] int64: its position (0..447)
+        self_kv: list[tuple[torch.Tensor, torch.Tensor]],  # per layer [S, H, P, hd] (P <= 448 positions kept)
+        cross_kv: list[tuple[torch.Tensor, torch.Tensor]],  # per layer [S, H, C, hd]
+        cross_len: torch.Tensor,  # [S] int64: valid encoder positions of each slot
+    ) -> torch.Tensor:
+        """One token for every slot: writes its K/V at `pos`, returns fp32 logits [S, vocab].
+        No host synchronisation and no data-dependent shapes, so it can be captured in a CUDA graph."""
+        S = tokens.shape[0]
+        rows = torch.arange(S, device=tokens.device)
+        P = self_kv[0][0].shape[2]
+        C = cross_kv[0][0].shape[2]
+        self_mask = torch.arange(P, device=tokens.device)[None, :] <= pos[:, None]  # [S, P]
+        cross_mask = torch.arange(C, device=tokens.device)[None, :] < cross_len[:, None]  # [S, C]
+        x = (self.embed[tokens] + self.text_pos[pos])[:, None, :]  # [S, 1, d]
+        for l, (sk, sv), (ck, cv) in zip(self.decoder_layers, self_kv, cross_kv):
+            q, k, v = (self._heads(t) for t in F.linear(self._ln(x, l.ln1), l.qkv_w, l.qkv_b).chunk(3, dim=-1))
+            sk[rows, :, pos] = k[:, :, 0]
+            sv[rows, :, pos] = v[:, :, 0]
+            x = x + F.linear(_attend(q, sk, sv, self_mask), l.out_w, l.out_b)
+            cq = self._heads(F.linear(self._ln(x, l.ln_cross), l.cq_w, l.cq_b))
+            x = x + F.linear(_attend(cq, ck, cv, cross_mask), l.co_w, l.co_b)
+            x = x + self._mlp(x, l)
+        return F.linear(self._ln(x[:, 0], self.decoder_norm), self.embed).float()
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query per slot over its masked keys: q [S, H, 1, hd], k/v [S, H, T, hd], mask [S, T] -> [S, 1, d].
+    Scores and softmax in fp32 (a single new token: bound by reading K/V, not by arithmetic)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * (q.shape[-1] ** -0.5)  # [S, H, 1, T]
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    out = torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)  # [S, H, 1, hd]
+    return out.transpose(1, 2).flatten(2)

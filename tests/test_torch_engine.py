@@ -1,0 +1,76 @@
+"""The PyTorch engine (the GPU path) against the ONNX Runtime engine, on the CPU where torch is
+installed: the same weights in float32 must give the same tokens. On a CUDA machine the same
+checks run in fp16 by benchmarks/gpu_bench.py (transcripts compared with the CPU's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is an optional extra (pip install 'streamserver[gpu]')")
+
+from engines.audio import load_audio  # noqa: E402
+from engines.backends.torch_cuda import TorchCudaEngine  # noqa: E402
+from engines.engine import load_engine  # noqa: E402
+from engines.features import log_mel  # noqa: E402
+from engines.inflight import InflightDecoder  # noqa: E402
+from engines.policy import POLICIES, default_policy  # noqa: E402
+from engines.tokenizer import WhisperTokenizer  # noqa: E402
+from engines.torch_whisper import GpuLogMel  # noqa: E402
+from engines.weights import load_weights  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def clips() -> list[np.ndarray]:
+    return [load_audio(p) for p in sorted(DATA.glob("*/*.wav"))]
+
+
+def _torch_engine(model: str, slots: int = 16) -> TorchCudaEngine:
+    w = load_weights(model)
+    tok = WhisperTokenizer.load(w.folder, w.config, w.dims.n_vocab)
+    return TorchCudaEngine(model, w, tok, POLICIES[default_policy(model)], device=CPU, slots=slots)
+
+
+def test_log_mel_matches_numpy(clips):
+    mel = GpuLogMel(CPU)
+    for audio in clips:
+        for fill in (None, 0.0):
+            ref = log_mel(audio, 3000, fill)
+            np.testing.assert_allclose(mel([audio], 3000, fill)[0].numpy(), ref, atol=1e-4)
+
+
+def test_transcripts_equal_onnxruntime_fp32(clips):
+    torch.set_num_threads(2)
+    ours = _torch_engine("tiny.en").transcribe_batch(clips, "en")
+    ref = load_engine("tiny.en", precision="fp32").transcribe_batch(clips, "en")
+    assert [t.text for t in ours] == [t.text for t in ref]
+    assert all(t.text for t in ours)
+    for a, b in zip(ours, ref):
+        assert abs(a.avg_logprob - b.avg_logprob) < 1e-3 and abs(a.no_speech_prob - b.no_speech_prob) < 1e-3
+
+
+def test_slots_refill_and_batch_equals_one_at_a_time(clips):
+    """With 2 slots for 4+ utterances, finished slots are refilled mid-decode (in-flight batching)."""
+    torch.set_num_threads(2)
+    engine = _torch_engine("tiny.en", slots=2)
+    batched = engine.transcribe_batch(clips * 2, "en")
+    alone = [engine.transcribe_batch([c], "en")[0] for c in clips]
+    assert [t.text for t in batched] == [t.text for t in alone] * 2
+    assert engine.decoder.active == 0 and not engine.decoder.pending
+
+
+def test_non_speech_gives_no_words():
+    engine = _torch_engine("tiny.en")
+    noise = np.random.default_rng(0).normal(0, 0.05, 16000 * 3).astype(np.float32)
+    assert [t.text for t in engine.transcribe_batch([np.zeros(16000, np.float32), noise], "en")] == ["", ""]
+
+
+def test_bad_sizes_are_refused():
+    engine = _torch_engine("tiny.en")
+    with pytest.raises(ValueError):
+        InflightDecoder(engine.whisper, engine.tokenizer, slots=3)  # not a batch bucket
