@@ -23,7 +23,7 @@ from engines.graphs import DEFAULT_PRECISION
 from engines.features import N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel
 from engines.policy import POLICIES, EncoderPolicy, default_policy
 from engines.tokenizer import WhisperTokenizer
-from engines.voicing import voiced_seconds
+from engines.voicing import has_voicing
 from engines.weights import Weights, load_weights
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class Engine:
         language = None if language == "auto" else language
         if language is not None and self.multilingual and language not in self.tokenizer.languages:
             raise ValueError(f"unknown language {language!r}")
-        voiced = [i for i, a in enumerate(audios) if voiced_seconds(a) >= MIN_VOICED_SECONDS]
+        voiced = [i for i, a in enumerate(audios) if has_voicing(a, MIN_VOICED_SECONDS)]
         unvoiced_language = language or ("en" if not self.multilingual else "")
         results = [Transcript("", unvoiced_language, 1.0, 0.0, 0.0, 0, "no_speech") for _ in audios]
         for i, r in zip(voiced, self._decode_with_fallback([audios[i] for i in voiced], language, prompt, fallback)):
