@@ -32,6 +32,9 @@ from engines.torch_whisper import GpuLogMel, TorchWhisper
 from engines.weights import Weights
 
 
+ENCODER_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
 def cuda_device() -> "torch.device":
     if not torch.cuda.is_available():
         raise BackendUnavailable("the torch-cuda backend needs a CUDA GPU; torch.cuda.is_available() is False here")
@@ -54,6 +57,7 @@ class TorchCudaEngine(Engine):
         self.whisper = TorchWhisper(weights, device, dtype)
         self.mel = GpuLogMel(device)
         self.decoder = InflightDecoder(self.whisper, tokenizer, slots=slots)
+        self._encoders: dict[tuple[int, int], tuple["torch.cuda.CUDAGraph", "torch.Tensor", list]] = {}
 
     @property
     def backend_name(self) -> str:
@@ -61,7 +65,33 @@ class TorchCudaEngine(Engine):
 
     def encode(self, audios: Sequence[np.ndarray], n_frames: int) -> list[tuple["torch.Tensor", "torch.Tensor"]]:
         """Log-mel and encoder for utterances sharing an encoder length: per layer (K, V) [B, H, ctx, hd]."""
-        return self.whisper.encode(self.mel(list(audios), n_frames, self.policy.pad_value))
+        mel = self.mel(list(audios), n_frames, self.policy.pad_value)
+        if self.whisper.device.type != "cuda" or len(audios) > ENCODER_BUCKETS[-1]:
+            return self.whisper.encode(mel)
+        return self._encode_graph(mel)
+
+    def _encode_graph(self, mel: "torch.Tensor") -> list[tuple["torch.Tensor", "torch.Tensor"]]:
+        """The encoder as a CUDA graph per (batch bucket, frames): eager, its ~100 kernel launches
+        cost more than their arithmetic at the small batches that in-flight arrivals bring."""
+        n, frames = mel.shape[0], mel.shape[2]
+        size = next(b for b in ENCODER_BUCKETS if b >= n)
+        entry = self._encoders.get((size, frames))
+        if entry is None:
+            static_in = torch.zeros(size, mel.shape[1], frames, device=mel.device)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self.whisper.encode(static_in)  # warm-up outside the capture
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.decoder._pool):
+                static_out = self.whisper.encode(static_in)
+            entry = self._encoders[(size, frames)] = (graph, static_in, static_out)
+        graph, static_in, static_out = entry
+        static_in[:n].copy_(mel)
+        graph.replay()
+        # Copies: the next replay overwrites the graph's outputs, and these may still wait for slots.
+        return [(k[:n].clone(), v[:n].clone()) for k, v in static_out]
 
     def jobs(self, audios: Sequence[np.ndarray], languages: Sequence[str], prompt: str | None, tags: Sequence[object] = ()) -> list[Job]:
         out = []
