@@ -8,8 +8,10 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
+from engines.backends import ENGINES, BackendUnavailable
 from engines.graphs import DEFAULT_PRECISION, PRECISIONS
 from engines.policy import POLICIES
 
@@ -31,7 +33,7 @@ def _transcribe(args: argparse.Namespace) -> int:
     try:
         engine = load_engine(args.model, args.backend, args.threads, args.policy, args.precision, progress=_progress)
         engine.warmup()
-    except (WeightsError, ValueError) as error:
+    except (WeightsError, BackendUnavailable, ValueError) as error:
         _progress(f"error: {error}")
         return 2
     failed = 0
@@ -75,14 +77,14 @@ def _serve(args: argparse.Namespace) -> int:
     from streamserver.rooms import tokens
 
     settings = Settings(
-        host=args.host, port=args.port, redis_url=args.redis_url, model=args.model, threads=args.threads,
-        ice_hosts=args.ice_host or [], ice_servers=[{"urls": [u]} for u in args.ice_server or []],
+        host=args.host, port=args.port, redis_url=args.redis_url, model=args.model, backend=args.backend,
+        threads=args.threads, ice_hosts=args.ice_host or [], ice_servers=[{"urls": [u]} for u in args.ice_server or []],
         max_students=args.max_students, public_url=args.public_url,
     )
     try:
-        engine = load_engine(settings.model, threads=settings.threads, progress=_progress)
+        engine = load_engine(settings.model, settings.backend, settings.threads, progress=_progress)
         engine.warmup()
-    except (WeightsError, ValueError) as error:
+    except (WeightsError, BackendUnavailable, ValueError) as error:
         _progress(f"error: {error}")
         return 2
     from streamserver.intent.model import EmbeddingIntentClassifier
@@ -118,6 +120,23 @@ def _intent(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_build(args: argparse.Namespace) -> int:
+    from engines.tensorrt.builder import BuildError, build_engines
+    from engines.weights import WeightsError
+
+    try:
+        files = build_engines(args.model, args.precision, args.calibration_dir, args.max_batch, progress=_progress)
+    except (BackendUnavailable, BuildError, WeightsError, ValueError) as error:
+        _progress(f"error: {error}")
+        return 1
+    for path in (*files.plans.values(), files.sidecar):
+        print(path, flush=True)
+    return 0
+
+
+BACKEND_HELP = "auto: tensorrt, else torch-cuda, else onnxruntime (the CPU default), warning for each that cannot load"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamserver", description="Real-time voice server for live online classrooms.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -125,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("files", nargs="+", metavar="FILE")
     t.add_argument("--model", choices=MODELS, default="tiny.en")
     t.add_argument("--language", choices=("en", "zh", "auto"), default="en")
-    t.add_argument("--backend", choices=("onnxruntime", "auto"), default="onnxruntime")
+    t.add_argument("--backend", choices=(*ENGINES, "auto"), default="onnxruntime", help=BACKEND_HELP)
     t.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), help="CPU threads for inference")
     t.add_argument("--policy", choices=sorted(POLICIES), help="encoder input length policy (default: measured per model)")
     t.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION, help="weight precision of the ONNX graphs")
@@ -143,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--redis-url", help="route events through Redis pub/sub (default: embedded in-process bus)")
     s.add_argument("--model", choices=MODELS, default="tiny.en")
+    s.add_argument("--backend", choices=(*ENGINES, "auto"), default="onnxruntime", help=BACKEND_HELP)
     s.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
     s.add_argument("--ice-host", action="append", metavar="ADDR", help="host candidate address (repeatable; include 127.0.0.1 for loopback)")
     s.add_argument("--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (repeatable; none by default)")
@@ -150,6 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")
     s.add_argument("--demo-room", metavar="NAME", help="create a room at start and print its teacher and student URLs")
     s.set_defaults(handler=_serve)
+
+    e = commands.add_parser("engine", help="prepare GPU inference engines")
+    engine_commands = e.add_subparsers(dest="engine_command", required=True)
+    b = engine_commands.add_parser("build", help="build (or find cached) TensorRT engines for this GPU; progress on stderr")
+    b.add_argument("--backend", choices=("tensorrt",), default="tensorrt")
+    b.add_argument("--model", choices=MODELS, default="tiny.en")
+    b.add_argument("--precision", choices=("fp16", "int8", "fp32"), default="fp16",
+                   help="int8 calibrates the encoder on --calibration-dir; TensorRT-RTX builds fp32 only")
+    b.add_argument("--calibration-dir", type=Path, metavar="DIR", help="representative speech files for int8 calibration")
+    b.add_argument("--max-batch", type=int, default=64, help="largest batch the engines accept")
+    b.set_defaults(handler=_engine_build)
     return parser
 
 

@@ -13,6 +13,7 @@ class Settings:
     port: int = 8080
     redis_url: str | None = None
     model: str = "tiny.en"
+    backend: str = "onnxruntime"  # or tensorrt, torch-cuda, auto (engines.engine.load_engine)
     threads: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))
     # ICE: aiortc does no trickle ICE and, left alone, asks a public STUN server; both explicit.
     ice_servers: list[dict] = field(default_factory=list)  # [{"urls": [...], "username", "credential"}]

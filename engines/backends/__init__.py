@@ -48,5 +48,7 @@ def create_backend(
             from engines.tensorrt.runtime import TensorRTBackend
         except ImportError as error:
             raise BackendUnavailable(f"the tensorrt backend cannot load here: {error}") from error
-        return TensorRTBackend(weights, threads, precision, progress)
+        # int8 is the CPU default; int8 TensorRT engines need calibration audio, so they are built
+        # on purpose (`streamserver engine build --precision int8`), and the default here is fp16.
+        return TensorRTBackend(weights, threads, "fp16" if precision == "int8" else precision, progress)
     raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(ENGINES)}, auto")
