@@ -25,8 +25,11 @@ for m in $models; do
 done
 echo "models with weights here:$available"
 if [ -f benchmarks/trt_check.py ]; then
-    timeout 150 python3 -m benchmarks.trt_check --models $available --out "$OUT/trt-rtx.json" 2>&1 | tail -40 > "$OUT/trt.log"
-    tail -15 "$OUT/trt.log"
+    timeout 170 python3 -m benchmarks.trt_check --models $available --out "$OUT/trt-rtx.json" > "$OUT/trt.log" 2>&1
+    # the real builder under TensorRT-RTX (fp32: RTX builds the graph's own types only)
+    timeout 60 python3 -m streamserver engine build --backend tensorrt --model tiny.en --precision fp32 >> "$OUT/trt.log" 2>&1
+    echo "engine build rc=$?" >> "$OUT/trt.log"
+    tail -12 "$OUT/trt.log"
 fi
-timeout "${BENCH_TIMEOUT:-390}" python3 -m benchmarks.gpu_bench run --prepared /root/pay/prep --out "$OUT/gpu-h200.json" \
+timeout "${BENCH_TIMEOUT:-330}" python3 -m benchmarks.gpu_bench run --prepared /root/pay/prep --out "$OUT/gpu-h200.json" \
     --models $available 2>&1 | grep -v "^\[transformers\]" | tee "$OUT/bench.log" | tail -60
