@@ -25,7 +25,7 @@ for m in $models; do
 done
 echo "models with weights here:$available"
 if [ -f benchmarks/trt_check.py ]; then
-    timeout 170 python3 -m benchmarks.trt_check --models $available --out "$OUT/trt-rtx.json" > "$OUT/trt.log" 2>&1
+    timeout 170 python3 -m benchmarks.trt_check --models $available --workspace-gib 32 --out "$OUT/trt-rtx.json" > "$OUT/trt.log" 2>&1
     # the real builder under TensorRT-RTX (fp32: RTX builds the graph's own types only)
     timeout 60 python3 -m streamserver engine build --backend tensorrt --model tiny.en --precision fp32 >> "$OUT/trt.log" 2>&1
     echo "engine build rc=$?" >> "$OUT/trt.log"

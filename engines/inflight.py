@@ -83,7 +83,8 @@ class InflightDecoder:
         first[list(tok.suppress_ids_begin)] = True
         self.always, self.first = always.to(dev), first.to(dev)
         self.jobs: list[Job | None] = [None] * slots  # the job in each slot
-        self.active = 0  # slots [0, active) are in use
+        self.active = 0  # slots [0, active) are stepped: running ones and finished ones not yet compacted
+        self.live = 0  # how many of them are still running
         self.pending: deque[tuple[list[tuple[torch.Tensor, torch.Tensor]], list[Job]]] = deque()
         self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
@@ -187,10 +188,12 @@ class InflightDecoder:
 
     @property
     def busy(self) -> bool:
-        return bool(self.active or self.pending)
+        return bool(self.live or self.pending)
 
     def _admit(self) -> None:
         """Move waiting utterances into free slots: one copy per layer for a whole encoded batch."""
+        if self.pending and self.active > self.live:
+            self._compact()  # new utterances go after the running ones
         while self.pending and self.active < self.slots:
             cross_kv, jobs = self.pending[0]
             take = min(len(jobs), self.slots - self.active)
@@ -221,6 +224,7 @@ class InflightDecoder:
             t[block] = 0
         self.jobs[block] = jobs
         self.active += take
+        self.live += take
         # Upper bounds over the active slots, for the buckets a step reads (reset when all leave).
         self._max_ctx = max(self._max_ctx, ctx)
         self._max_pos = max(self._max_pos, max(len(j.prefix) + j.budget for j in jobs))
@@ -229,49 +233,60 @@ class InflightDecoder:
     _max_pos = 0  # ... and of the positions any of them can reach
 
     def _finish(self, finished: np.ndarray) -> list[Job]:
-        """Read the results of the finished slots, then move the last active slots into their places."""
+        """Read the results of the finished slots; the slots stay where they are until compaction."""
         idx = torch.from_numpy(finished).to(self.model.device)
-        out, n_out = self.out[idx].cpu().numpy(), self.n_out[idx].cpu().numpy()
-        logprob, no_speech = self.logprob[idx].cpu().numpy(), self.no_speech[idx].cpu().numpy()
-        hit = self.hit_budget[idx].cpu().numpy()
+        out = self.out[idx].cpu().numpy()
+        stats = torch.stack([self.n_out[idx].float(), self.logprob[idx], self.no_speech[idx], self.hit_budget[idx].float()], 1)
+        n_out, logprob, no_speech, hit = stats.cpu().numpy().T
         done_jobs = []
         for j, s in enumerate(finished):
             job = self.jobs[s]
             assert job is not None
-            tokens = out[j, : n_out[j]].tolist()
+            tokens = out[j, : int(n_out[j])].tolist()
             job.result = Decoded(tokens, job.language, float(no_speech[j]), float(logprob[j] / (len(tokens) + 1)), bool(hit[j]))
             self.jobs[s] = None
             done_jobs.append(job)
-        # Compact: the highest active slots that are still running fill the holes below the new end.
-        keep = self.active - len(finished)
-        holes = [int(s) for s in finished if s < keep]
-        movers = [s for s in range(keep, self.active) if self.jobs[s] is not None]
+        self.live -= len(finished)
+        if not self.live:
+            self.active = 0
+            self._max_ctx = self._max_pos = 0
+        return done_jobs
+
+    def _compact(self) -> None:
+        """Move the running slots above `live` into the finished ones below it. Done lazily, when
+        the smaller batch bucket would do or new utterances need the room: each move copies the
+        slot's caches, and a finished slot costs nothing while it waits (it is masked as done)."""
+        holes = [s for s in range(self.live) if self.jobs[s] is None]
+        movers = [s for s in range(self.live, self.active) if self.jobs[s] is not None]
         if holes:
-            src = torch.tensor(movers, device=self.model.device)
-            dst = torch.tensor(holes, device=self.model.device)
-            for k, v in self.self_kv + self.cross_kv:
-                k[dst] = k[src]
-                v[dst] = v[src]
+            dev = self.model.device
+            src, dst = torch.tensor(movers, device=dev), torch.tensor(holes, device=dev)
+            ctx, positions = self._max_ctx, self._max_pos
+            for k, v in self.cross_kv:
+                k[dst, :, :ctx] = k[src, :, :ctx]
+                v[dst, :, :ctx] = v[src, :, :ctx]
+            for k, v in self.self_kv:
+                k[dst, :, :positions] = k[src, :, :positions]
+                v[dst, :, :positions] = v[src, :, :positions]
             for t in (self.cross_len, self.token, self.pos, self.prefix, self.prefix_len, self.sot_pos, self.budget,
                       self.n_out, self.out, self.logprob, self.no_speech, self.done, self.hit_budget):
                 t[dst] = t[src]
             for h, m in zip(holes, movers):
                 self.jobs[h], self.jobs[m] = self.jobs[m], None
-        self.active = keep
-        if not keep:
-            self._max_ctx = self._max_pos = 0
-        return done_jobs
+        self.active = self.live
 
     def run_once(self) -> list[Job]:
         """Admit what waits (as slots allow), advance every active slot one token, return the jobs
         that finished."""
+        if self.active > self.live and (self.pending or _bucket(self.live or 1, BATCH_BUCKETS) < _bucket(self.active, BATCH_BUCKETS)):
+            self._compact()
         self._admit()
-        if not self.active:
+        if not self.live:
             return []
         n = self.active
         self._run_step(n)
         done = self.done[:n].cpu().numpy()  # the one synchronisation a step needs
-        finished = np.flatnonzero(done)
+        finished = np.array([s for s in np.flatnonzero(done) if self.jobs[s] is not None], np.int64)
         return self._finish(finished) if finished.size else []
 
     def run(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job]) -> list[Job]:
