@@ -85,6 +85,7 @@ class InflightDecoder:
         self.jobs: list[Job | None] = [None] * slots  # the job in each slot
         self.active = 0  # slots [0, active) are stepped: running ones and finished ones not yet compacted
         self.live = 0  # how many of them are still running
+        self._flags: list[tuple[Any, Any, int]] = []  # finished flags of launched steps, not yet read
         self.pending: deque[tuple[list[tuple[torch.Tensor, torch.Tensor]], list[Job]]] = deque()
         self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
@@ -277,17 +278,51 @@ class InflightDecoder:
 
     def run_once(self) -> list[Job]:
         """Admit what waits (as slots allow), advance every active slot one token, return the jobs
-        that finished."""
-        if self.active > self.live and (self.pending or _bucket(self.live or 1, BATCH_BUCKETS) < _bucket(self.active, BATCH_BUCKETS)):
-            self._compact()
-        self._admit()
+        found finished.
+
+        On a GPU the host does not wait for the step it launched: it reads the finished flags of
+        the step before (copied to pinned memory behind it), so launching step k+1 overlaps with
+        the GPU running step k. A slot that finished keeps being stepped, masked as done, until
+        its flags are read one step later. Compaction and admission move slots, so they first
+        read every outstanding flag."""
+        finished: list[Job] = []
+        shrink = self.active > self.live and _bucket(self.live or 1, BATCH_BUCKETS) < _bucket(self.active, BATCH_BUCKETS)
+        if shrink or self.pending:
+            finished += self._drain()
+            if self.active > self.live and (self.pending or shrink):
+                self._compact()
+            self._admit()
         if not self.live:
-            return []
+            return finished + self._drain()
         n = self.active
         self._run_step(n)
-        done = self.done[:n].cpu().numpy()  # the one synchronisation a step needs
-        finished = np.array([s for s in np.flatnonzero(done) if self.jobs[s] is not None], np.int64)
+        self._flags.append(self._copy_flags(n))
+        while len(self._flags) > (1 if self.graphs else 0):
+            finished += self._read_flags(self._flags.pop(0))
+        return finished
+
+    def _copy_flags(self, n: int) -> tuple[Any, Any, int]:
+        if not self.graphs:
+            return None, self.done[:n].cpu(), n
+        host = torch.empty(n, dtype=torch.bool, pin_memory=True)
+        host.copy_(self.done[:n], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return event, host, n
+
+    def _read_flags(self, flags: tuple[Any, Any, int]) -> list[Job]:
+        event, host, n = flags
+        if event is not None:
+            event.synchronize()
+        done = host.numpy()
+        finished = np.array([s for s in np.flatnonzero(done) if s < self.active and self.jobs[s] is not None], np.int64)
         return self._finish(finished) if finished.size else []
+
+    def _drain(self) -> list[Job]:
+        finished: list[Job] = []
+        while self._flags:
+            finished += self._read_flags(self._flags.pop(0))
+        return finished
 
     def run(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job]) -> list[Job]:
         """Decode these jobs to the end (with whatever else is in flight); returned in input order."""

@@ -37,10 +37,14 @@ class GpuLogMel:
         """float32 [len(audios), 80, n_frames]. Each clip is zero-padded past n_frames + 2 frames, so
         that the frames that still overlap its end count towards its maximum, as on the CPU."""
         length = (n_frames + 2) * HOP_LENGTH
-        batch = np.zeros((len(audios), length), np.float32)
+        # One transfer of just the samples (a zero-padded host batch of 64 x 10 s cost ~17 ms to
+        # build and send), then each clip is placed into a zeroed batch on the device.
+        flat = torch.from_numpy(np.concatenate([np.asarray(a, np.float32) for a in audios])).to(self.device)
+        signal = torch.zeros(len(audios), length, device=self.device)
+        offset = 0
         for i, a in enumerate(audios):
-            batch[i, : a.size] = a
-        signal = torch.from_numpy(batch).to(self.device, non_blocking=True)
+            signal[i, : a.size] = flat[offset : offset + a.size]
+            offset += a.size
         spec = torch.stft(signal, N_FFT, HOP_LENGTH, window=self.window, center=True, pad_mode="reflect", return_complex=True)
         power = spec.real.square() + spec.imag.square()  # [B, 201, frames]
         log_spec = torch.clamp(self.filters @ power, min=_LOG_FLOOR).log10()

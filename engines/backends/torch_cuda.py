@@ -52,6 +52,7 @@ class TorchCudaEngine(Engine):
         slots: int = 256,
     ) -> None:
         device = device or cuda_device()
+        torch.backends.cudnn.benchmark = True  # the encoder's convolutions see few distinct shapes
         super().__init__(model, None, tokenizer, policy)  # type: ignore[arg-type]  # no step-by-step backend
         dtype = torch.float16 if device.type == "cuda" else torch.float32
         self.whisper = TorchWhisper(weights, device, dtype)
