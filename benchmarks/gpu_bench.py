@@ -305,7 +305,13 @@ def run(
         w = load_weights(model)
         tok = WhisperTokenizer.load(w.folder, w.config, w.dims.n_vocab)
         engine = TorchCudaEngine(model, w, tok, POLICIES[default_policy(model)], device=device, slots=slots)
+        started = time.perf_counter()
         engine.warmup()
+        report.data.setdefault("warmup", {})[model] = {
+            "seconds": round(time.perf_counter() - started, 1), "compiled_step": engine.decoder.compiled,
+        }
+        report.save()
+        _log(f"{model} warm-up {report.data['warmup'][model]}")
         report.guard(f"{model} capture", lambda: engine.decoder.capture(engine.policy.frames(16000 * 8) // 2))
 
         def equality() -> None:

@@ -12,6 +12,8 @@ it raises BackendUnavailable with that advice.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections import defaultdict
 from typing import Sequence
 
@@ -32,6 +34,7 @@ from engines.torch_whisper import GpuLogMel, TorchWhisper
 from engines.weights import Weights
 
 
+log = logging.getLogger(__name__)
 ENCODER_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -57,7 +60,8 @@ class TorchCudaEngine(Engine):
         dtype = torch.float16 if device.type == "cuda" else torch.float32
         self.whisper = TorchWhisper(weights, device, dtype)
         self.mel = GpuLogMel(device)
-        self.decoder = InflightDecoder(self.whisper, tokenizer, slots=slots)
+        compile_step = device.type == "cuda" and os.environ.get("STREAMSERVER_TORCH_COMPILE", "1") != "0"
+        self.decoder = InflightDecoder(self.whisper, tokenizer, slots=slots, compile=compile_step)
         self._encoders: dict[tuple[int, int], tuple["torch.cuda.CUDAGraph", "torch.Tensor", list]] = {}
 
     @property
@@ -146,6 +150,15 @@ class TorchCudaEngine(Engine):
 
     def warmup(self) -> None:
         """The Engine's warm-up run, then the step graphs of every batch size for the default
-        window, so that no request pays for a capture (~10 ms each)."""
-        super().warmup()
-        self.decoder.capture(context=self.policy.frames(1) // 2)
+        window, so that no request pays for a compile or a capture. If torch.compile fails on
+        this machine, the decoder runs uncompiled (slower, same tokens) with a warning."""
+        try:
+            super().warmup()
+            self.decoder.capture(context=self.policy.frames(1) // 2)
+        except Exception as error:  # noqa: BLE001 - any compiler failure
+            if not self.decoder.compiled:
+                raise
+            log.warning("torch.compile failed (%s); the decoder runs uncompiled", error)
+            self.decoder = InflightDecoder(self.whisper, self.tokenizer, slots=self.decoder.slots)
+            super().warmup()
+            self.decoder.capture(context=self.policy.frames(1) // 2)
