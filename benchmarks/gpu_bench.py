@@ -32,10 +32,10 @@ import numpy as np
 
 MODELS = ("base", "tiny.en")
 BATCHES = (1, 16, 64, 128)
-RATES = (250, 500, 1000, 2000, 3000, 4000, 6000, 8000, 12000)
+RATES = (500, 1000, 1500, 2000, 2500, 3000, 4000, 6000)
 P99_BOUND_MS = 100.0
-ADMIT_BATCH = 32  # in-flight arrivals encoded together ...
-ADMIT_WAIT_S = 0.004  # ... or once the oldest has waited this long
+ADMIT_BATCH = 64  # in-flight arrivals encoded together ...
+ADMIT_WAIT_S = 0.010  # ... or once the oldest has waited this long
 
 
 def _log(msg: str) -> None:
@@ -236,6 +236,8 @@ def inflight_sweep(engine: Any, audios: list[np.ndarray], rates: tuple[int, ...]
     frames = engine.policy.frames(max(a.size for a in audios))
     languages = ["en"] * len(audios)
     templates = engine.jobs(audios, languages, None)
+    for size in (1, 2, 4, 8, 16, 32, 64):  # capture every encoder bucket before the clock runs
+        engine.encode([audios[i % len(audios)] for i in range(size)], frames)
     for rate in rates:
         n = int(rate * seconds)
         arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
@@ -274,8 +276,8 @@ def inflight_sweep(engine: Any, audios: list[np.ndarray], rates: tuple[int, ...]
         }
         _log(f"in-flight {row}")
         out.append(row)
-        if row["p99_ms"] > 4 * P99_BOUND_MS:
-            break  # far past saturation: higher rates only queue longer
+        if row["p99_ms"] > 4 * P99_BOUND_MS and len(out) > 1 and out[-2]["p99_ms"] > P99_BOUND_MS:
+            break  # two rates past the bound: higher rates only queue longer
     return out
 
 

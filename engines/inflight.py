@@ -241,26 +241,6 @@ class InflightDecoder:
     _max_ctx = 0
     _max_pos = 0  # ... and of the positions any of them can reach
 
-    def _finish(self, finished: np.ndarray) -> list[Job]:
-        """Read the results of the finished slots; the slots stay where they are until compaction."""
-        idx = torch.from_numpy(finished).to(self.model.device)
-        out = self.out[idx].cpu().numpy()
-        stats = torch.stack([self.n_out[idx].float(), self.logprob[idx], self.no_speech[idx], self.hit_budget[idx].float()], 1)
-        n_out, logprob, no_speech, hit = stats.cpu().numpy().T
-        done_jobs = []
-        for j, s in enumerate(finished):
-            job = self.jobs[s]
-            assert job is not None
-            tokens = out[j, : int(n_out[j])].tolist()
-            job.result = Decoded(tokens, job.language, float(no_speech[j]), float(logprob[j] / (len(tokens) + 1)), bool(hit[j]))
-            self.jobs[s] = None
-            done_jobs.append(job)
-        self.live -= len(finished)
-        if not self.live:
-            self.active = 0
-            self._max_ctx = self._max_pos = 0
-        return done_jobs
-
     def _compact(self) -> None:
         """Move the running slots above `live` into the finished ones below it. Done lazily, when
         the smaller batch bucket would do or new utterances need the room: each move copies the
@@ -309,22 +289,44 @@ class InflightDecoder:
             finished += self._read_flags(self._flags.pop(0))
         return finished
 
-    def _copy_flags(self, n: int) -> tuple[Any, Any, int]:
+    def _copy_flags(self, n: int) -> tuple[Any, dict[str, torch.Tensor], int]:
+        """This step's finished flags and every result a finished slot needs (tokens, counts,
+        log-probabilities, no-speech probabilities), copied behind the step: reading them later
+        never waits for a step still running. ~0.5 MB at 256 slots."""
+        sources = {
+            "done": self.done[:n], "out": self.out[:n], "n_out": self.n_out[:n], "logprob": self.logprob[:n],
+            "no_speech": self.no_speech[:n], "hit": self.hit_budget[:n],
+        }
         if not self.graphs:
-            return None, self.done[:n].cpu(), n
-        host = torch.empty(n, dtype=torch.bool, pin_memory=True)
-        host.copy_(self.done[:n], non_blocking=True)
+            return None, {k: v.cpu() for k, v in sources.items()}, n
+        host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in sources.items()}
+        for k, v in sources.items():
+            host[k].copy_(v, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         return event, host, n
 
-    def _read_flags(self, flags: tuple[Any, Any, int]) -> list[Job]:
+    def _read_flags(self, flags: tuple[Any, dict[str, torch.Tensor], int]) -> list[Job]:
         event, host, n = flags
         if event is not None:
             event.synchronize()
-        done = host.numpy()
-        finished = np.array([s for s in np.flatnonzero(done) if s < self.active and self.jobs[s] is not None], np.int64)
-        return self._finish(finished) if finished.size else []
+        done = host["done"].numpy()
+        finished = [s for s in np.flatnonzero(done) if s < self.active and self.jobs[s] is not None]
+        out, n_out = host["out"].numpy(), host["n_out"].numpy()
+        logprob, no_speech, hit = host["logprob"].numpy(), host["no_speech"].numpy(), host["hit"].numpy()
+        jobs = []
+        for s in finished:
+            job = self.jobs[s]
+            assert job is not None
+            tokens = out[s, : int(n_out[s])].tolist()
+            job.result = Decoded(tokens, job.language, float(no_speech[s]), float(logprob[s] / (len(tokens) + 1)), bool(hit[s]))
+            self.jobs[s] = None
+            jobs.append(job)
+        self.live -= len(jobs)
+        if not self.live:
+            self.active = 0
+            self._max_ctx = self._max_pos = 0
+        return jobs
 
     def _drain(self) -> list[Job]:
         finished: list[Job] = []
