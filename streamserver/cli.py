@@ -107,6 +107,45 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gateway(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from streamserver.config import Settings
+    from streamserver.gateway import gateway_app
+
+    settings = Settings(
+        host=args.host, port=args.port, redis_url=args.redis_url, ice_hosts=args.ice_host or [],
+        ice_servers=[{"urls": [u]} for u in args.ice_server or []], max_students=args.max_students,
+        public_url=args.public_url,
+    )
+    try:
+        app, _classroom = gateway_app(settings, args.max_queue_wait)
+    except ValueError as error:
+        _progress(f"error: {error}")
+        return 2
+    _progress(f"gateway on http://{settings.host}:{settings.port} (jobs and rooms through {settings.redis_url})")
+    web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None)
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from engines.engine import load_engine
+    from engines.weights import WeightsError
+    from streamserver.asr import worker_process
+    from streamserver.intent.model import EmbeddingIntentClassifier
+
+    try:
+        engine = load_engine(args.model, args.backend, args.threads, progress=_progress)
+        engine.warmup()
+    except (WeightsError, BackendUnavailable, ValueError) as error:
+        _progress(f"error: {error}")
+        return 2
+    intent = EmbeddingIntentClassifier()
+    intent.classify(["warm up"])
+    worker_process.main(engine, intent, args.redis_url, args.max_batch, args.name, args.metrics_host, args.metrics_port)
+    return 0
+
+
 def _intent(args: argparse.Namespace) -> int:
     from streamserver.intent.model import EmbeddingIntentClassifier
 
@@ -170,6 +209,29 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")
     s.add_argument("--demo-room", metavar="NAME", help="create a room at start and print its teacher and student URLs")
     s.set_defaults(handler=_serve)
+
+    g = commands.add_parser("gateway", help="students' audio and the rooms' API, with ASR in worker processes (needs Redis)")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8080)
+    g.add_argument("--redis-url", required=True, help="the Redis that gateways and workers share")
+    g.add_argument("--ice-host", action="append", metavar="ADDR", help="host candidate address (repeatable)")
+    g.add_argument("--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (repeatable)")
+    g.add_argument("--max-students", type=int, default=500, help="per room")
+    g.add_argument("--max-queue-wait", type=float, default=5.0, metavar="S",
+                   help="answer new students 'busy' (503) when the expected transcription wait passes this")
+    g.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")
+    g.set_defaults(handler=_gateway)
+
+    w = commands.add_parser("worker", help="an ASR worker: transcribes queued utterances of every room (needs Redis)")
+    w.add_argument("--redis-url", required=True)
+    w.add_argument("--model", choices=MODELS, default="tiny.en")
+    w.add_argument("--backend", choices=(*ENGINES, "auto"), default="onnxruntime", help=BACKEND_HELP)
+    w.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
+    w.add_argument("--max-batch", type=int, default=16)
+    w.add_argument("--name", help="consumer name in the Redis group (default host-pid)")
+    w.add_argument("--metrics-host", default="127.0.0.1")
+    w.add_argument("--metrics-port", type=int, help="serve /metrics, /healthz, /readyz here")
+    w.set_defaults(handler=_worker)
 
     e = commands.add_parser("engine", help="prepare GPU inference engines")
     engine_commands = e.add_subparsers(dest="engine_command", required=True)

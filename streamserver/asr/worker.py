@@ -67,7 +67,7 @@ class AsrWorker:
         for language, group in by_language.items():
             audios = [u.audio for u in group]
             results, intents = await loop.run_in_executor(
-                self._executor, self._recognise, audios, None if language == "auto" else language
+                self._executor, recognise, self.engine, self.intent, audios, None if language == "auto" else language
             )
             self.batches += 1
             for u, r in zip(group, results):
@@ -78,14 +78,17 @@ class AsrWorker:
                 event.intent = intents.get(r.text)
                 await self.publish(event)
 
-    def _recognise(self, audios: list[np.ndarray], language: str | None) -> tuple[list[Transcript], dict[str, dict]]:
-        """In the worker thread: transcripts, then the intent of each non-empty one."""
-        results = self.engine.transcribe_batch(audios, language)
-        texts = sorted({r.text for r in results if r.text})
-        intents: dict[str, dict] = {}
-        if self.intent and texts:
-            try:
-                intents = {t: i.to_dict() for t, i in zip(texts, self.intent.classify(texts))}
-            except Exception:  # a transcript without a label beats no transcript
-                log.exception("intent classification failed")
-        return results, intents
+
+def recognise(
+    engine: Engine, intent: IntentClassifier | None, audios: list[np.ndarray], language: str | None
+) -> tuple[list[Transcript], dict[str, dict]]:
+    """In a worker thread: transcripts, then the intent of each distinct non-empty one."""
+    results = engine.transcribe_batch(audios, language)
+    texts = sorted({r.text for r in results if r.text})
+    intents: dict[str, dict] = {}
+    if intent and texts:
+        try:
+            intents = {t: i.to_dict() for t, i in zip(texts, intent.classify(texts))}
+        except Exception:  # a transcript without a label beats no transcript
+            log.exception("intent classification failed")
+    return results, intents

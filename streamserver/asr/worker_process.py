@@ -1,0 +1,62 @@
+"""`streamserver worker`: one engine serving every room's utterances from the Redis job queue,
+with /metrics, /healthz and /readyz on a small HTTP port for Prometheus and orchestrators."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from engines.engine import Engine
+from streamserver.asr.stream_worker import StreamWorker, worker_name
+from streamserver.intent import IntentClassifier
+from streamserver.queue.redis_queue import JobQueue
+
+log = logging.getLogger(__name__)
+
+
+def metrics_app(worker: StreamWorker) -> web.Application:
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=worker.metrics.render(), content_type="text/plain")
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "model": worker.engine.model, "buffer": len(worker.buffer)})
+
+    async def readyz(request: web.Request) -> web.Response:
+        return web.json_response({"ready": worker.ready}, status=200 if worker.ready else 503)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+async def run_worker(
+    engine: Engine, intent: IntentClassifier | None, redis_url: str, max_batch: int, name: str | None,
+    metrics_host: str, metrics_port: int | None,
+) -> None:
+    queue = JobQueue(redis_url, name or worker_name())
+    worker = StreamWorker(engine, queue, intent, max_batch)
+    runner = None
+    if metrics_port is not None:
+        runner = web.AppRunner(metrics_app(worker), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, metrics_host, metrics_port).start()
+    log.info("worker %s taking jobs from %s (metrics on %s)", queue.worker, redis_url,
+             f"http://{metrics_host}:{metrics_port}/metrics" if metrics_port is not None else "no port")
+    try:
+        await worker.run()
+    finally:
+        if runner:
+            await runner.cleanup()
+        await queue.close()
+
+
+def main(engine: Engine, intent: IntentClassifier | None, redis_url: str, max_batch: int, name: str | None,
+         metrics_host: str, metrics_port: int | None) -> None:
+    try:
+        asyncio.run(run_worker(engine, intent, redis_url, max_batch, name, metrics_host, metrics_port))
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,187 @@
+"""The utterance job queue on a Redis Stream with one consumer group.
+
+Keys
+  asr:jobs              stream of jobs; an entry is deleted once its transcript is published,
+                        so XLEN is the backlog (waiting + being transcribed)
+  asr:alive:<worker>    a worker's heartbeat (expires ALIVE_TTL_S after its last beat)
+  asr:workers           hash worker -> JSON stats (throughput, last beat) for backpressure
+  asr:done:<utterance>  set by the publication itself: at most one transcript per utterance
+
+A job is acknowledged in the same Lua script that publishes its transcript, so a worker that
+dies before that leaves the job pending, and a worker that dies after it leaves nothing to redo.
+Pending jobs of a worker whose heartbeat expired are claimed by a live one within a second or
+two; any job idle longer than the visibility timeout is claimed too (a worker alive but stuck).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ResponseError
+
+from streamserver.bus.redis import history_key
+from streamserver.events import Utterance, room_channel
+from streamserver.queue.jobs import JobError, decode_job, encode_job
+
+log = logging.getLogger(__name__)
+
+STREAM = "asr:jobs"
+GROUP = "asr"
+WORKERS = "asr:workers"
+ALIVE_TTL_S = 2.0  # a worker missing this long is dead: its jobs go to another
+DONE_TTL_S = 24 * 3600
+CLAIM_MIN_IDLE_MS = 500  # two workers claiming at once: the second finds the jobs just claimed
+MAX_ATTEMPTS = 3  # a job whose transcription failed this often is given up, with an event
+
+# Publish once per utterance, append to the room's history, acknowledge and delete the job:
+# atomically, so that no crash can publish twice or acknowledge without publishing.
+_COMPLETE = """
+local fresh = redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[6])
+if fresh then
+  redis.call('PUBLISH', ARGV[1], ARGV[2])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'event', ARGV[2])
+end
+redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
+redis.call('XDEL', KEYS[3], ARGV[5])
+if fresh then return 1 else return 0 end
+"""
+
+Entry = tuple[str, Utterance]
+
+
+def _alive_key(worker: str) -> str:
+    return f"asr:alive:{worker}"
+
+
+def _done_key(utterance_id: str) -> str:
+    return f"asr:done:{utterance_id}"
+
+
+class JobQueue:
+    def __init__(self, url: str, worker: str | None = None, *, visibility_s: float = 30.0, history_len: int = 500) -> None:
+        self.worker = worker
+        self.visibility_ms = int(visibility_s * 1000)
+        self.history_len = history_len
+        # Binary replies: the audio field is bytes. A few quick retries get a pooled connection
+        # that a Redis restart closed replaced at once; a job sent twice that way is still
+        # published once (the done key).
+        self.redis = aioredis.Redis.from_url(
+            url, decode_responses=False, socket_connect_timeout=5, socket_keepalive=True,
+            retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=3),
+        )
+        self._complete = self.redis.register_script(_COMPLETE)
+        self._group_ready = False
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    # ---- gateway side ----
+
+    async def submit(self, u: Utterance) -> str:
+        entry = await self.redis.xadd(STREAM, encode_job(u))
+        return entry.decode()
+
+    async def depth(self) -> int:
+        """Jobs not yet published: waiting plus being transcribed."""
+        return int(await self.redis.xlen(STREAM))
+
+    async def capacity(self) -> tuple[int, float]:
+        """Live workers and their summed recent throughput (utterances/s)."""
+        now = time.time()
+        workers, rate = 0, 0.0
+        for raw in (await self.redis.hgetall(WORKERS)).values():
+            stats = json.loads(raw)
+            if now - stats.get("ts", 0) <= ALIVE_TTL_S * 2:
+                workers += 1
+                rate += float(stats.get("utt_per_s", 0.0))
+        return workers, rate
+
+    # ---- worker side ----
+
+    async def ensure_group(self) -> None:
+        """Create the group (and the stream) once; after a Redis restart without its data too."""
+        try:
+            await self.redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+        except ResponseError as error:
+            if "BUSYGROUP" not in str(error):
+                raise
+        self._group_ready = True
+
+    async def read(self, count: int, block_ms: int) -> list[Entry]:
+        """New jobs for this worker (waits up to block_ms for the first)."""
+        assert self.worker, "a worker name is needed to read"
+        try:
+            reply = await self.redis.xreadgroup(GROUP, self.worker, {STREAM: ">"}, count=count, block=block_ms)
+        except ResponseError as error:
+            if "NOGROUP" not in str(error):
+                raise
+            await self.ensure_group()  # Redis restarted empty
+            return []
+        return await self._decode([(eid, fields) for _stream, entries in reply or [] for eid, fields in entries])
+
+    async def heartbeat(self, stats: dict[str, Any]) -> None:
+        assert self.worker
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(_alive_key(self.worker), b"1", px=int(ALIVE_TTL_S * 1000))
+            pipe.hset(WORKERS, self.worker, json.dumps({**stats, "ts": time.time()}))
+            await pipe.execute()
+
+    async def claim_orphans(self, count: int = 256) -> list[Entry]:
+        """Pending jobs of workers whose heartbeat expired, and any job idle past the visibility
+        timeout, now this worker's."""
+        assert self.worker
+        claimed: list[tuple[bytes, dict]] = []
+        for consumer in await self.redis.xinfo_consumers(STREAM, GROUP):
+            name = consumer["name"].decode() if isinstance(consumer["name"], bytes) else consumer["name"]
+            if name == self.worker or await self.redis.exists(_alive_key(name)):
+                continue
+            if int(consumer["pending"]) == 0:
+                await self.redis.xgroup_delconsumer(STREAM, GROUP, name)
+                await self.redis.hdel(WORKERS, name)
+                continue
+            pending = await self.redis.xpending_range(STREAM, GROUP, "-", "+", count, consumername=name)
+            ids = [p["message_id"] for p in pending]
+            if ids:
+                got = await self.redis.xclaim(STREAM, GROUP, self.worker, CLAIM_MIN_IDLE_MS, ids)
+                claimed += [(eid, fields) for eid, fields in got if fields]
+                log.warning("claimed %d jobs of worker %s (no heartbeat)", len(got), name)
+        _next, stale, *_ = await self.redis.xautoclaim(STREAM, GROUP, self.worker, self.visibility_ms, "0-0", count=count)
+        claimed += [(eid, fields) for eid, fields in stale if fields]
+        return await self._decode(claimed)
+
+    async def complete(self, entry_id: str, u: Utterance, event_json: str) -> bool:
+        """Publish the utterance's result to its room and acknowledge the job; False when an
+        earlier delivery of the same utterance already published it (nothing is sent again)."""
+        keys = [_done_key(u.utterance_id), history_key(u.room_id), STREAM]
+        args = [room_channel(u.room_id), event_json, self.history_len, GROUP, entry_id, int(DONE_TTL_S)]
+        return bool(await self._complete(keys=keys, args=args))
+
+    async def attempt(self, entry_id: str) -> int:
+        """Count a failed transcription of a job; returns how many there have been."""
+        key = f"asr:attempts:{entry_id}"
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, int(DONE_TTL_S))
+            count, _ = await pipe.execute()
+        return int(count)
+
+    async def drop(self, entry_id: str) -> None:
+        await self.redis.xack(STREAM, GROUP, entry_id)
+        await self.redis.xdel(STREAM, entry_id)
+
+    async def _decode(self, raw: list[tuple[bytes, dict]]) -> list[Entry]:
+        out: list[Entry] = []
+        for eid, fields in raw:
+            entry_id = eid.decode() if isinstance(eid, bytes) else eid
+            try:
+                out.append((entry_id, decode_job(fields)))
+            except JobError as error:  # written by something else: never retried
+                log.error("dropping stream entry %s: %s", entry_id, error)
+                await self.drop(entry_id)
+        return out

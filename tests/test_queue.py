@@ -1,0 +1,156 @@
+"""The Redis Streams job queue between gateways and ASR workers, on a real redis-server and the
+real tiny.en engine: exactly one transcript per utterance through crashes, claims and restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import numpy as np
+import pytest
+import redis
+
+from streamserver.asr.fair import fair_batch
+from streamserver.asr.stream_worker import StreamWorker
+from streamserver.bus.redis import history_key
+from streamserver.events import Utterance, now
+from streamserver.queue.jobs import decode_job, encode_job
+from streamserver.queue.redis_queue import JobQueue
+from tests.redis_server import RedisServer
+
+
+def utterance(audio: np.ndarray, room: str = "r1", student: str = "s1") -> Utterance:
+    t = now()
+    return Utterance(uuid.uuid4().hex, room, student, "Ann", "en", audio, t - audio.size / 16000, t)
+
+
+def history(url: str, room: str) -> list[dict]:
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        return [json.loads(f["event"]) for _id, f in client.xrange(history_key(room))]
+    finally:
+        client.close()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+@pytest.fixture()
+def fresh(redis_url: str) -> str:
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    client.close()
+    return redis_url
+
+
+def test_job_encoding_round_trip():
+    audio = (np.sin(np.arange(16000) / 10) * 0.5).astype(np.float32)
+    u = utterance(audio)
+    back = decode_job({k.encode(): v if isinstance(v, bytes) else v.encode() for k, v in encode_job(u).items()})
+    assert (back.utterance_id, back.room_id, back.student_name, back.end_of_speech_ts) == (u.utterance_id, u.room_id, "Ann", u.end_of_speech_ts)
+    assert np.abs(back.audio - audio).max() < 1e-4
+
+
+def test_fair_share_gives_every_room_a_place():
+    waiting = [("loud", i) for i in range(20)] + [("quiet", 0), ("other", 0)]
+    batch = fair_batch(waiting, 4, lambda item: item[0])
+    assert sorted(room for room, _ in batch) == ["loud", "loud", "other", "quiet"]
+    assert len(waiting) == 18 and all(room == "loud" for room, _ in waiting)
+
+
+def test_duplicate_publication_is_suppressed(fresh):
+    async def body() -> None:
+        q = JobQueue(fresh, "w1")
+        await q.ensure_group()
+        u = utterance(np.zeros(1600, np.float32))
+        await q.submit(u)
+        [(entry_id, got)] = await q.read(10, 100)
+        event = json.dumps({"type": "transcript", "utterance_id": u.utterance_id, "text": "hi"})
+        assert await q.complete(entry_id, got, event) is True
+        assert await q.complete(entry_id, got, event) is False  # a second delivery publishes nothing
+        assert await q.depth() == 0
+        await q.close()
+
+    run(body())
+    assert len(history(fresh, "r1")) == 1
+
+
+def test_jobs_of_a_dead_worker_are_claimed_and_published_once(fresh, tiny_engine, librivox):
+    """Worker A takes jobs and dies without a word (no ack, heartbeat stops); worker B claims
+    them once A's heartbeat expires and publishes each exactly once."""
+    clips = [audio for _name, audio, _text in librivox[:3]]
+
+    async def body() -> None:
+        producer = JobQueue(fresh)
+        sent = [utterance(a, room="r1", student=f"s{i}") for i, a in enumerate(clips)]
+        dead = JobQueue(fresh, "dead-worker")
+        await dead.ensure_group()
+        await dead.heartbeat({"utt_per_s": 1.0})
+        for u in sent:
+            await producer.submit(u)
+        taken = await dead.read(10, 100)  # delivered to A, never acknowledged
+        assert len(taken) == 3
+        live = JobQueue(fresh, "live-worker")
+        worker = StreamWorker(tiny_engine, live, None, max_batch=8)
+        task = asyncio.create_task(worker.run())
+        for _ in range(200):
+            await asyncio.sleep(0.1)
+            if await producer.depth() == 0:
+                break
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert await producer.depth() == 0
+        for q in (producer, dead, live):
+            await q.close()
+        events = [e for e in history(fresh, "r1") if e["type"] == "transcript"]
+        assert sorted(e["utterance_id"] for e in events) == sorted(u.utterance_id for u in sent)
+        assert all(e["text"] for e in events)
+
+    run(body())
+
+
+def test_redis_restart_with_aof_loses_nothing(tmp_path, tiny_engine, librivox):
+    """Jobs queued before a Redis restart (append-only file) are transcribed after it, and a
+    worker that was running through a restart reconnects by itself and takes new jobs."""
+    server = RedisServer(persist_dir=tmp_path / "aof").start()
+    clips = [audio for _name, audio, _text in librivox[:2]]
+
+    async def wait_for(ids: set[str], room: str) -> None:
+        for _ in range(300):
+            if {e["utterance_id"] for e in history(server.url, room)} >= ids:
+                return
+            await asyncio.sleep(0.1)
+
+    async def body() -> None:
+        producer = JobQueue(server.url)
+        q = JobQueue(server.url, "w-restart")
+        await q.ensure_group()
+        before = [utterance(a, room="r2") for a in clips]
+        for u in before:
+            await producer.submit(u)
+        server.stop()  # SIGTERM: redis writes its AOF out and exits
+        server.start()
+        worker = StreamWorker(tiny_engine, q, None)
+        task = asyncio.create_task(worker.run())
+        await wait_for({u.utterance_id for u in before}, "r2")
+        server.stop()  # again, under a running worker
+        await asyncio.sleep(1.0)
+        server.start()
+        after = [utterance(clips[0], room="r3")]
+        for u in after:
+            await producer.submit(u)
+        await wait_for({u.utterance_id for u in after}, "r3")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await producer.close()
+        await q.close()
+        for room, sent in (("r2", before), ("r3", after)):
+            ids = [e["utterance_id"] for e in history(server.url, room) if e["type"] == "transcript"]
+            assert sorted(ids) == sorted(u.utterance_id for u in sent)
+
+    try:
+        run(body())
+    finally:
+        server.stop()
