@@ -88,6 +88,8 @@ class InflightDecoder:
         self.active = 0  # slots [0, active) are stepped: running ones and finished ones not yet compacted
         self.live = 0  # how many of them are still running
         self._flags: list[tuple[Any, Any, int]] = []  # finished flags of launched steps, not yet read
+        self._pinned: list[dict[str, torch.Tensor]] = []  # two host buffers, used in turn (one in flight)
+        self._pinned_turn = 0
         self.pending: deque[tuple[list[tuple[torch.Tensor, torch.Tensor]], list[Job]]] = deque()
         self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         # torch.compile fuses the step's ~200 small kernels (layer norms, masks, the greedy rules)
@@ -292,14 +294,20 @@ class InflightDecoder:
     def _copy_flags(self, n: int) -> tuple[Any, dict[str, torch.Tensor], int]:
         """This step's finished flags and every result a finished slot needs (tokens, counts,
         log-probabilities, no-speech probabilities), copied behind the step: reading them later
-        never waits for a step still running. ~0.5 MB at 256 slots."""
+        never waits for a step still running. ~0.5 MB at 256 slots, into one of two preallocated
+        pinned buffers (allocating them per step cost ~0.1 ms of host time a step)."""
         sources = {
             "done": self.done[:n], "out": self.out[:n], "n_out": self.n_out[:n], "logprob": self.logprob[:n],
             "no_speech": self.no_speech[:n], "hit": self.hit_budget[:n],
         }
         if not self.graphs:
             return None, {k: v.cpu() for k, v in sources.items()}, n
-        host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in sources.items()}
+        if not self._pinned:
+            full = {"done": self.done, "out": self.out, "n_out": self.n_out, "logprob": self.logprob,
+                    "no_speech": self.no_speech, "hit": self.hit_budget}
+            self._pinned = [{k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in full.items()} for _ in range(2)]
+        self._pinned_turn ^= 1
+        host = {k: buf[:n] for k, buf in self._pinned[self._pinned_turn].items()}
         for k, v in sources.items():
             host[k].copy_(v, non_blocking=True)
         event = torch.cuda.Event()

@@ -28,7 +28,7 @@ from streamserver.queue.redis_queue import MAX_ATTEMPTS, Entry, JobQueue
 
 log = logging.getLogger(__name__)
 _REDIS_DOWN = (RedisError, OSError)
-HEARTBEAT_S = 0.5
+HEARTBEAT_S = 0.25  # also how often dead workers' jobs are looked for
 
 
 def worker_name() -> str:
@@ -96,10 +96,11 @@ class StreamWorker:
 
     async def _loop(self) -> None:
         while True:
-            if len(self.buffer) < self.max_batch:
-                wait = 1 if self.buffer else 200  # ms: block only when there is nothing to do
+            if not self.buffer:
+                # No read-ahead: jobs this worker holds but has not started are the ones that
+                # wait for a claim if it dies, so it takes only what its next batch will use.
                 try:
-                    self.buffer += await self.queue.read(2 * self.max_batch - len(self.buffer), wait)
+                    self.buffer += await self.queue.read(self.max_batch, 200)
                 except _REDIS_DOWN as error:
                     self.ready = False
                     log.warning("redis unavailable (%s)", error)

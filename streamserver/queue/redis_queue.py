@@ -9,8 +9,8 @@ Keys
 
 A job is acknowledged in the same Lua script that publishes its transcript, so a worker that
 dies before that leaves the job pending, and a worker that dies after it leaves nothing to redo.
-Pending jobs of a worker whose heartbeat expired are claimed by a live one within a second or
-two; any job idle longer than the visibility timeout is claimed too (a worker alive but stuck).
+Pending jobs of a worker whose heartbeat expired are claimed by a live one within about a
+second; any job idle longer than the visibility timeout is claimed too (a worker alive but stuck).
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ log = logging.getLogger(__name__)
 STREAM = "asr:jobs"
 GROUP = "asr"
 WORKERS = "asr:workers"
-ALIVE_TTL_S = 2.0  # a worker missing this long is dead: its jobs go to another
+# A worker silent this long is dead and its jobs go to another: 4 missed heartbeats. Short,
+# because its utterances wait that long; a stalled but live worker only loses duplicate work
+# (publication stays once per utterance).
+ALIVE_TTL_S = 1.0
 DONE_TTL_S = 24 * 3600
 CLAIM_MIN_IDLE_MS = 500  # two workers claiming at once: the second finds the jobs just claimed
 MAX_ATTEMPTS = 3  # a job whose transcription failed this often is given up, with an event
