@@ -11,11 +11,13 @@ from aiortc import RTCPeerConnection
 
 from engines.engine import Engine
 from streamserver.asr.worker import AsrWorker
+from streamserver.metrics import Counter, Gauge, Registry
 from streamserver.audio.pipeline import StudentAudio
 from streamserver.bus import Bus
 from streamserver.config import Settings
 from streamserver.events import StudentEvent, TranscriptEvent
 from streamserver.intent import IntentClassifier
+from streamserver.queue.sink import Busy, QueueSink
 from streamserver.rooms.registry import Room, RoomRegistry
 from streamserver.transport import webrtc
 
@@ -24,24 +26,62 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Connection:
-    pc: RTCPeerConnection
+    pc: RTCPeerConnection | StreamPeer
     audio: StudentAudio
 
 
 class Classroom:
-    def __init__(self, settings: Settings, engine: Engine, bus: Bus, intent: IntentClassifier | None = None) -> None:
+    def __init__(
+        self, settings: Settings, engine: Engine | None, bus: Bus, intent: IntentClassifier | None = None,
+        sink: QueueSink | None = None,
+    ) -> None:
+        """engine: transcribe in this process (serve); or sink: hand utterances to worker
+        processes through the job queue (gateway)."""
         self.settings = settings
         self.engine = engine
         self.bus = bus
         self.rooms = RoomRegistry(settings.max_students)
-        self.worker = AsrWorker(engine, self._publish_transcript, settings.max_batch, intent)
+        if sink is None:
+            assert engine is not None, "a classroom needs an engine or a job queue"
+            self.worker: AsrWorker | QueueSink = AsrWorker(engine, self._publish_transcript, settings.max_batch, intent)
+        else:
+            self.worker = sink
         self.connections: dict[tuple[str, str], Connection] = {}
         webrtc.use_host_addresses(settings.ice_hosts)
+        self.metrics = Registry()
+        self.queue_depth = self.metrics.add(Gauge("streamserver_queue_depth", "utterances waiting for or in transcription"))
+        self.metrics.add(Gauge("streamserver_active_streams", "student audio streams per room", read=self._streams_per_room))
+        self.busy_answers = self.metrics.add(Counter("streamserver_busy_rejections_total", "joins turned away as busy"))
+        self._depth_task: asyncio.Task | None = None
 
     async def start(self) -> None:
         self.worker.start()
+        self._depth_task = asyncio.get_running_loop().create_task(self._watch_depth())
+
+    async def _watch_depth(self) -> None:
+        while True:
+            try:
+                depth = await self.worker.queue.depth() if isinstance(self.worker, QueueSink) else self.worker.queue.qsize()
+                self.queue_depth.set(float(depth))
+            except Exception:  # noqa: BLE001 - Redis away: the gauge keeps its last value
+                pass
+            await asyncio.sleep(1.0)
+
+    def _streams_per_room(self) -> dict:
+        counts: dict[str, int] = {}
+        for room_id, _student in self.connections:
+            counts[room_id] = counts.get(room_id, 0) + 1
+        return {(("room", room_id),): float(n) for room_id, n in counts.items()}
+
+    async def check_capacity(self) -> None:
+        """Raise Busy when the ASR workers cannot take one more student (gateway mode)."""
+        if isinstance(self.worker, QueueSink) and (reason := await self.worker.busy()):
+            self.busy_answers.inc()
+            raise Busy(reason)
 
     async def stop(self) -> None:
+        if self._depth_task:
+            self._depth_task.cancel()
         for connection in list(self.connections.values()):
             await connection.pc.close()
         await self.worker.stop()
@@ -49,18 +89,8 @@ class Classroom:
 
     async def connect_student(self, room: Room, student_id: str, name: str, offer_sdp: str) -> str:
         """Answer a student's offer; a reconnect replaces the old peer and keeps the identity."""
-        student, new = self.rooms.join(room, student_id, name)
+        audio, new = await self._seat(room, student_id, name)
         key = (room.room_id, student_id)
-        old = self.connections.pop(key, None)
-        if old:
-            old.audio.close()
-            await old.pc.close()
-        loop = asyncio.get_running_loop()
-        audio = StudentAudio(
-            room.room_id, student_id, name, room.language,
-            on_utterance=self.worker.submit,
-            on_speaking=lambda speaking: loop.create_task(self._speaking(room, student_id, speaking)),
-        )
         try:
             pc, answer_sdp = await webrtc.answer(
                 offer_sdp, self.settings.ice_servers, audio.push_frame, lambda: self._ended(room, student_id, audio)
@@ -109,3 +139,49 @@ class Classroom:
             await self.bus.publish(room_id, event_json)
         except Exception:
             log.exception("could not publish to room %s", room_id)
+
+    async def open_stream(self, room: Room, student_id: str, name: str) -> StudentAudio:
+        """A student's audio over a transport the caller owns (WebSocket ingest): the same pipeline,
+        roster and events as connect_student. A reconnect replaces the old stream or peer; the
+        caller pushes 16 kHz PCM into the returned StudentAudio and calls close_stream at the end.
+        Raises RoomFull or Busy like connect_student."""
+        audio, new = await self._seat(room, student_id, name)
+        self.connections[(room.room_id, student_id)] = Connection(StreamPeer(), audio)
+        if new:
+            await self._student_event(room, student_id, "student_joined")
+        return audio
+
+    def close_stream(self, room: Room, student_id: str, audio: StudentAudio | None = None) -> None:
+        """The stream ended: flush its last utterance and, after the grace period, leave the room.
+        With `audio`, only that stream is ended (a stream already replaced by a reconnect is
+        flushed but leaves the student's seat to its successor)."""
+        current = self.connections.get((room.room_id, student_id))
+        audio = audio or (current.audio if current else None)
+        if audio is not None:
+            self._ended(room, student_id, audio)
+
+    async def _seat(self, room: Room, student_id: str, name: str) -> tuple[StudentAudio, bool]:
+        """Seat a student, whatever the transport: a reconnect replaces its old peer or stream and
+        keeps the identity. The student's new audio pipeline, and whether it is new to the room."""
+        if (room.room_id, student_id) not in self.connections:  # a reconnect keeps its seat
+            await self.check_capacity()
+        _, new = self.rooms.join(room, student_id, name)
+        old = self.connections.pop((room.room_id, student_id), None)
+        if old:
+            old.audio.close()
+            await old.pc.close()
+        loop = asyncio.get_running_loop()
+        audio = StudentAudio(
+            room.room_id, student_id, name, room.language,
+            on_utterance=self.worker.submit,
+            on_speaking=lambda speaking: loop.create_task(self._speaking(room, student_id, speaking)),
+        )
+        return audio, new
+
+
+class StreamPeer:
+    """The peer of a stream opened with open_stream: its transport belongs to the caller, so
+    there is nothing to close here (a replaced WebSocket notices and closes itself)."""
+
+    async def close(self) -> None:
+        return None

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from engines.backends import ENGINES, BackendUnavailable
 from engines.graphs import DEFAULT_PRECISION, PRECISIONS
+from streamserver.loadsim import cli as loadsim_cli
 from engines.policy import POLICIES
 
 MODELS = ("tiny.en", "base")
@@ -232,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--metrics-host", default="127.0.0.1")
     w.add_argument("--metrics-port", type=int, help="serve /metrics, /healthz, /readyz here")
     w.set_defaults(handler=_worker)
+
+    loadsim_cli.add_parser(commands)
 
     e = commands.add_parser("engine", help="prepare GPU inference engines")
     engine_commands = e.add_subparsers(dest="engine_command", required=True)

@@ -19,6 +19,8 @@ from aiohttp import WSMsgType, web
 from streamserver.classroom import Classroom
 from streamserver.rooms import tokens
 from streamserver.rooms.registry import LANGUAGES, Room, RoomFull
+from streamserver.queue.sink import Busy, QueueSink
+from streamserver.transport import ws_ingest
 from streamserver.transport.webrtc import OfferError
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,16 @@ async def create_room(request: web.Request) -> web.Response:
     )
 
 
+def _student_identity(student_id: object, name: object, name_field: str) -> tuple[str, str]:
+    """The student's id (the client's own, for a reconnect, else a new one) and display name."""
+    if not isinstance(name, str) or not name.strip() or len(name) > 80:
+        message = f"{name_field} must be a non-empty string of at most 80 characters"
+        raise web.HTTPBadRequest(text=json.dumps({"error": message}), content_type="application/json")
+    if not isinstance(student_id, str) or not 8 <= len(student_id) <= 64:
+        student_id = secrets.token_hex(8)
+    return student_id, name.strip()
+
+
 async def offer(request: web.Request) -> web.Response:
     room = _room(request)
     body = await _json_body(request)
@@ -92,18 +104,36 @@ async def offer(request: web.Request) -> web.Response:
     sdp, name = body.get("sdp"), body.get("student_name", "")
     if not isinstance(sdp, str) or body.get("type", "offer") != "offer":
         return _error(400, "expected {'sdp': <offer>, 'type': 'offer'}")
-    if not isinstance(name, str) or not name.strip() or len(name) > 80:
-        return _error(400, "student_name must be a non-empty string of at most 80 characters")
-    student_id = body.get("student_id")
-    if not isinstance(student_id, str) or not 8 <= len(student_id) <= 64:
-        student_id = secrets.token_hex(8)
+    student_id, name = _student_identity(body.get("student_id"), name, "student_name")
     try:
-        answer = await request.app[CLASSROOM].connect_student(room, student_id, name.strip(), sdp)
+        answer = await request.app[CLASSROOM].connect_student(room, student_id, name, sdp)
     except RoomFull as error:
         return _error(429, str(error))
+    except Busy as error:
+        return busy_response(str(error))
     except OfferError as error:
         return _error(400, str(error))
     return web.json_response({"sdp": answer, "type": "answer", "student_id": student_id})
+
+
+async def ingest(request: web.Request) -> web.StreamResponse:
+    """A student's audio over a WebSocket (streamserver/transport/ws_ingest.py): the offer's
+    checks, answered as HTTP statuses before the upgrade. The URL needs no room: the token
+    names it (an optional `room` must match it)."""
+    classroom = request.app[CLASSROOM]
+    try:
+        claim = tokens.verify(classroom.settings.secret, request.query.get("token"), request.query.get("room"), "student")
+    except tokens.TokenError as error:
+        return _error(error.status, str(error))
+    if (room := classroom.rooms.get(claim.room_id)) is None:
+        return _error(404, "no such room")
+    student_id, name = _student_identity(request.query.get("student_id"), request.query.get("name"), "name")
+    try:
+        return await ws_ingest.serve(request, classroom, room, student_id, name)
+    except RoomFull as error:
+        return _error(429, str(error))
+    except Busy as error:
+        return busy_response(str(error))
 
 
 async def feed(request: web.Request) -> web.StreamResponse:
@@ -160,15 +190,37 @@ async def config(request: web.Request) -> web.Response:
     return web.json_response({"ice_servers": request.app[CLASSROOM].settings.ice_servers})
 
 
+def busy_response(reason: str) -> web.Response:
+    """503 with Retry-After: the class is not full, the transcription workers are."""
+    response = web.json_response({"error": "busy", "detail": reason, "retry_after_s": 10}, status=503)
+    response.headers["Retry-After"] = "10"
+    return response
+
+
 async def healthz(request: web.Request) -> web.Response:
+    """Alive and able to reach the bus."""
     classroom = request.app[CLASSROOM]
     bus_ok = await classroom.bus.ping()
-    return web.json_response(
-        {"ok": bus_ok, "bus": "ok" if bus_ok else "unreachable", "model": classroom.engine.model,
-         "rooms": len(classroom.rooms.rooms), "queue": classroom.worker.queue.qsize(),
-         "transcribed": classroom.worker.transcribed},
-        status=200 if bus_ok else 503,
-    )
+    body = {"ok": bus_ok, "bus": "ok" if bus_ok else "unreachable", "rooms": len(classroom.rooms.rooms)}
+    if classroom.engine is not None:
+        body.update(model=classroom.engine.model, queue=classroom.worker.queue.qsize(), transcribed=classroom.worker.transcribed)
+    return web.json_response(body, status=200 if bus_ok else 503)
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Ready to take students: the bus answers and, for a gateway, a worker can transcribe."""
+    classroom = request.app[CLASSROOM]
+    if not await classroom.bus.ping():
+        return web.json_response({"ready": False, "reason": "bus unreachable"}, status=503)
+    if isinstance(classroom.worker, QueueSink):
+        workers, _rate = await classroom.worker.queue.capacity()
+        if workers == 0:
+            return web.json_response({"ready": False, "reason": "no ASR worker is running"}, status=503)
+    return web.json_response({"ready": True})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=request.app[CLASSROOM].metrics.render(), content_type="text/plain")
 
 
 def _page(name: str):
@@ -198,8 +250,11 @@ def create_app(classroom: Classroom) -> web.Application:
     app.router.add_post("/api/rooms", create_room)
     app.router.add_post("/api/rooms/{room_id}/offer", offer)
     app.router.add_get("/api/rooms/{room_id}/feed", feed)
+    app.router.add_get("/ws/ingest", ingest)
     app.router.add_get("/api/config", config)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/student", _page("student.html"))
     app.router.add_get("/teacher", _page("teacher.html"))
     app.router.add_static("/static/", WEB_DEMO)

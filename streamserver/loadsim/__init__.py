@@ -1,1 +1,2 @@
-"""Simulated classes: students that speak real clips over WebRTC, dashboards that listen."""
+"""Simulated classes: students that speak real clips (over WebSocket ingest or WebRTC) with
+classroom turn-taking, dashboards that listen, and the `loadsim` command that measures them."""

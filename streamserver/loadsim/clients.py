@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import wave
 from pathlib import Path
+from typing import Callable
 
 import aiohttp
 import numpy as np
@@ -14,6 +16,19 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
 
 from streamserver.transport.webrtc import use_host_addresses
+
+# A feed event, the client clock when it arrived, and whether it is a replay of the room's history.
+OnEvent = Callable[[dict, float, bool], None]
+
+
+class JoinRefused(AssertionError):
+    """The server turned a student away (an AssertionError, as the tests have always expected)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status} {message}")
+        self.status = status
+        self.busy = status == 503 or '"busy"' in message  # the workers are full, not the room
+
 
 def admin_headers(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
@@ -56,7 +71,9 @@ async def join_student(
     if student_id:
         body["student_id"] = student_id
     async with session.post(f"{url}/api/rooms/{room['room_id']}/offer", json=body) as r:
-        assert r.status == 200, f"{r.status} {await r.text()}"
+        if r.status != 200:
+            await pc.close()
+            raise JoinRefused(r.status, await r.text())
         answer = await r.json()
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
     pc.student_id = answer["student_id"]  # type: ignore[attr-defined]
@@ -64,11 +81,13 @@ async def join_student(
 
 
 class Dashboard:
-    """A teacher's feed: collects every event it receives."""
+    """A teacher's feed: collects every event it receives (and hands each to `on_event`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_event: OnEvent | None = None) -> None:
         self.events: list[dict] = []
         self.history: list[dict] = []
+        self._on_event = on_event
+        self.ws: aiohttp.ClientWebSocketResponse | None = None
         self._task: asyncio.Task | None = None
 
     async def open(self, session: aiohttp.ClientSession, url: str, room: dict) -> "Dashboard":
@@ -78,17 +97,29 @@ class Dashboard:
         return self
 
     async def _read(self) -> None:
+        assert self.ws is not None
         async for message in self.ws:
             event = json.loads(message.data)
+            received = time.time()
             if event["type"] == "history":  # what happened before we were subscribed counts too
                 self.history = event["events"]
                 self.events.extend(self.history)
+                for old in self.history if self._on_event else ():
+                    self._on_event(old, received, True)
             self.events.append(event)
+            if self._on_event:
+                self._on_event(event, received, False)
+
+    async def closed(self) -> None:
+        """Returns when the server closed the feed (or it failed)."""
+        if self._task:
+            await asyncio.gather(self._task, return_exceptions=True)
 
     def transcripts(self) -> list[dict]:
         return [e for e in self.events if e["type"] == "transcript"]
 
     async def close(self) -> None:
-        await self.ws.close()
+        if self.ws is not None:
+            await self.ws.close()
         if self._task:
             await asyncio.gather(self._task, return_exceptions=True)

@@ -27,8 +27,9 @@ class QueueSink:
     def __init__(self, queue: JobQueue, bus: Bus, max_wait_s: float = 5.0) -> None:
         self.queue, self.bus, self.max_wait_s = queue, bus, max_wait_s
         self._tasks: set[asyncio.Task] = set()
-        self._busy_checked = 0.0
+        self._busy_checked = -1e9
         self._busy_reason: str | None = None
+        self._busy_lock = asyncio.Lock()
         self.queued = 0
         self.dropped = 0
 
@@ -72,20 +73,21 @@ class QueueSink:
     async def busy(self) -> str | None:
         """Why a new student should be turned away now, or None. Expected wait = jobs not yet
         published / the workers' summed throughput; checked at most once a second."""
-        if time.monotonic() - self._busy_checked < 1.0:
-            return self._busy_reason
-        self._busy_checked = time.monotonic()
+        async with self._busy_lock:  # joins arriving together wait for one check, not skip it
+            if time.monotonic() - self._busy_checked >= 1.0:
+                self._busy_reason = await self._check_busy()
+                self._busy_checked = time.monotonic()
+        return self._busy_reason
+
+    async def _check_busy(self) -> str | None:
         try:
             depth = await self.queue.depth()
             workers, rate = await self.queue.capacity()
         except (RedisError, OSError) as error:
-            self._busy_reason = f"the job queue is unreachable ({error})"
-            return self._busy_reason
+            return f"the job queue is unreachable ({error})"
         if workers == 0:
-            self._busy_reason = "no ASR worker is running"
-        elif depth and rate <= 0:
-            self._busy_reason = None  # workers just started: no throughput measured yet
-        else:
-            wait = depth / rate if rate > 0 else 0.0
-            self._busy_reason = f"expected transcription wait {wait:.1f}s is over {self.max_wait_s:.1f}s" if wait > self.max_wait_s else None
-        return self._busy_reason
+            return "no ASR worker is running"
+        if depth and rate <= 0:
+            return None  # workers just started: no throughput measured yet
+        wait = depth / rate if rate > 0 else 0.0
+        return f"expected transcription wait {wait:.1f}s is over {self.max_wait_s:.1f}s" if wait > self.max_wait_s else None

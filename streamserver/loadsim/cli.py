@@ -1,0 +1,85 @@
+"""`streamserver loadsim`: a simulated class against a running server, with a report.
+
+streamserver/cli.py calls add_parser(subparsers) to register the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+DESCRIPTION = """Simulate a class against a running server (serve or gateway): create ROOMS rooms
+through the room API (admin token from STREAMSERVER_ADMIN_TOKEN), connect STUDENTS students
+who take turns speaking real clips, one teacher dashboard per room, and measure end-of-speech ->
+dashboard latency, lost and duplicated utterances and join failures. Progress on stderr once a
+second; DIR/report.json and PNG plots at the end."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `loadsim` on the `streamserver` command line."""
+    p = subparsers.add_parser("loadsim", help="simulate a large class against a running server", description=DESCRIPTION)
+    return configure(p)
+
+
+def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--url", required=True, action="append", metavar="URL",
+                   help="the server, e.g. http://127.0.0.1:8080; repeat for several gateways (rooms are spread over them)")
+    p.add_argument("--students", type=int, required=True, metavar="N")
+    p.add_argument("--duration", type=float, required=True, metavar="S", help="seconds of streaming (then up to 30 s waiting for the last transcripts)")
+    p.add_argument("--speak-ratio", type=float, default=0.1, help="share of the students speaking at any moment")
+    p.add_argument("--transport", choices=("ws", "webrtc"), default="ws", help="ws: WebSocket ingest (light); webrtc: every student an aiortc peer")
+    p.add_argument("--webrtc-students", type=int, default=0, metavar="K", help="with --transport ws: this many students over WebRTC instead")
+    p.add_argument("--rooms", type=int, default=1, metavar="R", help="students are spread evenly over R rooms")
+    p.add_argument("--language", choices=("en", "zh", "auto"), default="en", help="the rooms' language (the clips are English)")
+    p.add_argument("--frame-ms", type=int, choices=(10, 20, 40, 60, 100), default=20, help="WebSocket frame length")
+    p.add_argument("--processes", type=int, default=1, metavar="P",
+                   help="spread the students over P processes (one sends ~1,500 streams of 20 ms frames at most)")
+    p.add_argument("--seed", type=int, default=0, help="turn-taking and clip choice")
+    p.add_argument("--drain", type=float, default=30.0, metavar="S", help="longest wait for outstanding transcripts at the end")
+    p.add_argument("--report", type=Path, required=True, metavar="DIR", help="where report.json and the plots go")
+    p.set_defaults(handler=main)
+    return p
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    if args.students < 1 or args.rooms < 1 or args.rooms > args.students:
+        return "need --students >= --rooms >= 1"
+    if not 0 < args.speak_ratio <= 1:
+        return "--speak-ratio must be in (0, 1]"
+    if not 0 <= args.webrtc_students <= args.students:
+        return "--webrtc-students must be between 0 and --students"
+    if args.duration <= 0:
+        return "--duration must be positive"
+    if not 1 <= args.processes <= args.students:
+        return "--processes must be between 1 and --students"
+    if not os.environ.get("STREAMSERVER_ADMIN_TOKEN"):
+        return "set STREAMSERVER_ADMIN_TOKEN to the server's admin token (rooms are created through the API)"
+    return None
+
+
+def main(args: argparse.Namespace) -> int:
+    import aiohttp  # here, not at the top: `streamserver --help` need not load the client stack
+
+    from streamserver.loadsim.run import LoadConfig, Run
+
+    if (problem := _check(args)) is not None:
+        print(f"loadsim: error: {problem}", file=sys.stderr)
+        return 2
+    config = LoadConfig(
+        urls=[u.rstrip("/") for u in args.url], students=args.students, duration_s=args.duration, admin_token=os.environ["STREAMSERVER_ADMIN_TOKEN"],
+        speak_ratio=args.speak_ratio, transport=args.transport, webrtc_students=args.webrtc_students, rooms=args.rooms,
+        language=args.language, frame_ms=args.frame_ms, seed=args.seed, drain_s=args.drain, processes=args.processes,
+    )
+    try:
+        result = asyncio.run(Run(config).run(args.report))
+    except (AssertionError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:  # no rooms or no feed: no run
+        print(f"loadsim: error: could not set up the class on {', '.join(config.urls)}: {type(error).__name__}: {error}", file=sys.stderr)
+        return 2
+    summary = {k: result[k] for k in ("utterances_sent", "transcripts_received", "duplicates", "lost", "join_failures", "busy_rejections", "latency_s")}
+    print(json.dumps(summary), flush=True)
+    print(f"loadsim: report in {args.report}/report.json", file=sys.stderr)
+    return 0

@@ -1,0 +1,132 @@
+"""What the load simulator counts: utterances sent, transcripts seen on the dashboards, their
+latency, and what never came back.
+
+Latency = dashboard receive time (client clock) - the event's end_of_speech_ts (server clock);
+the simulator and the server share a machine (or a synchronised clock) for it to mean anything.
+
+Lost: a gateway that hands utterances to a job queue announces each one in the room
+(`utterance_queued`); when such events are seen they are the ground truth (queued ids with no
+transcript). Otherwise the simulator falls back on its own count: per student, clips fully sent
+minus transcripts received (a clip is one utterance, see scenario.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAX_ERRORS = 20  # distinct join/stream errors kept for the report
+COUNTERS = ("join_failures", "busy_rejections", "disconnects")
+
+
+@dataclass
+class Tally:
+    t0: float = field(default_factory=time.time)
+    utterances_sent: int = 0
+    sent_by_student: Counter = field(default_factory=Counter)
+    speaking: set[str] = field(default_factory=set)
+    # utterance_id -> (seconds since t0 when the dashboard got it, latency in seconds)
+    transcripts: dict[str, tuple[float, float]] = field(default_factory=dict)
+    received_by_student: Counter = field(default_factory=Counter)
+    queued: set[str] = field(default_factory=set)
+    duplicates: int = 0
+    connected: int = 0
+    join_failures: int = 0
+    busy_rejections: int = 0
+    disconnects: int = 0
+    max_lag_s: float = 0.0
+    errors: Counter = field(default_factory=Counter)
+    # students run by child processes (run.py): their latest (connected, speaking) and snapshot
+    remote: dict[int, tuple[int, int]] = field(default_factory=dict)
+    _last: dict[int, dict] = field(default_factory=dict, repr=False)
+
+    # -- what the students do --------------------------------------------------------------
+    def clip_started(self, student_id: str) -> None:
+        self.speaking.add(student_id)
+
+    def clip_sent(self, student_id: str) -> None:
+        self.speaking.discard(student_id)
+        self.utterances_sent += 1
+        self.sent_by_student[student_id] += 1
+
+    def lag(self, seconds: float) -> None:
+        self.max_lag_s = max(self.max_lag_s, seconds)
+
+    def error(self, kind: str, message: str) -> None:
+        key = f"{kind}: {message[:200]}"
+        if key in self.errors or len(self.errors) < MAX_ERRORS:
+            self.errors[key] += 1
+
+    def connected_now(self) -> int:
+        return self.connected + sum(c for c, _ in self.remote.values())
+
+    def speaking_now(self) -> int:
+        return len(self.speaking) + sum(s for _, s in self.remote.values())
+
+    # -- students in other processes -------------------------------------------------------
+    def snapshot(self) -> dict:
+        """The student side of this tally, cumulative, for the parent process (child.py)."""
+        return {"sent": dict(self.sent_by_student), "connected": self.connected, "speaking": len(self.speaking),
+                "max_lag_s": self.max_lag_s, "errors": dict(self.errors), **{k: getattr(self, k) for k in COUNTERS}}
+
+    def absorb(self, child: int, snap: dict) -> None:
+        """Fold in a child's snapshot: what changed since its previous one."""
+        last = self._last.get(child) or {"sent": {}, "errors": {}, **{k: 0 for k in COUNTERS}}
+        for student_id, n in snap["sent"].items():
+            new = n - last["sent"].get(student_id, 0)
+            self.sent_by_student[student_id] += new
+            self.utterances_sent += new
+        for key in COUNTERS:
+            setattr(self, key, getattr(self, key) + snap[key] - last[key])
+        for key, n in snap["errors"].items():
+            self.errors[key] += n - last["errors"].get(key, 0)
+        self.max_lag_s = max(self.max_lag_s, snap["max_lag_s"])
+        self.remote[child] = (snap["connected"], snap["speaking"])
+        self._last[child] = snap
+
+    # -- what the dashboards see -----------------------------------------------------------
+    def feed_event(self, event: dict, received: float, replayed: bool) -> None:
+        kind = event.get("type")
+        if kind == "utterance_queued":
+            self.queued.add(event["utterance_id"])
+        elif kind == "transcript":
+            uid = event["utterance_id"]
+            if uid in self.transcripts:
+                if not replayed:  # a history replay after a reconnect repeats what we saw
+                    self.duplicates += 1
+                return
+            self.transcripts[uid] = (received - self.t0, received - float(event["end_of_speech_ts"]))
+            self.received_by_student[event["student_id"]] += 1
+
+    # -- results ---------------------------------------------------------------------------
+    @property
+    def lost_basis(self) -> str:
+        return "utterance_queued" if self.queued else "clips_sent"
+
+    def lost(self) -> int:
+        if self.queued:
+            return len(self.queued - self.transcripts.keys())
+        return self.missing_vs_clips()
+
+    def missing_vs_clips(self) -> int:
+        """Clips sent with no transcript, student by student (an extra transcript of one student
+        never makes up for a missing one of another)."""
+        return sum(max(0, n - self.received_by_student[s]) for s, n in self.sent_by_student.items())
+
+    def pending(self) -> int:
+        """What is still expected: the drain at the end waits for this to reach 0."""
+        return max(self.lost(), self.missing_vs_clips())
+
+    def latencies(self) -> np.ndarray:
+        return np.array([lat for _, lat in self.transcripts.values()], dtype=float)
+
+    def latency_stats(self) -> dict[str, float | None]:
+        values = self.latencies()
+        if not values.size:
+            return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None}
+        p50, p90, p99 = np.percentile(values, [50, 90, 99])
+        return {k: round(float(v), 4) for k, v in
+                {"p50": p50, "p90": p90, "p99": p99, "max": values.max(), "mean": values.mean()}.items()}

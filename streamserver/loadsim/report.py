@@ -1,0 +1,105 @@
+"""The load simulator's output: DIR/report.json and four PNG plots.
+
+matplotlib (the `loadsim` extra) is imported only here, with the Agg backend: no display needed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from streamserver.loadsim.measure import Tally
+
+PLOTS = ("latency_cdf.png", "latency_over_time.png", "active_speakers.png", "queue_depth.png")
+
+
+def build(settings: dict[str, Any], tally: Tally, timeline: list[dict], metrics_seen: bool) -> dict[str, Any]:
+    return {
+        **settings,
+        "utterances_sent": tally.utterances_sent,
+        "utterances_queued": len(tally.queued) if tally.queued else None,
+        "transcripts_received": len(tally.transcripts),
+        "duplicates": tally.duplicates,
+        "lost": tally.lost(),
+        "lost_basis": tally.lost_basis,
+        "missing_vs_clips": tally.missing_vs_clips(),
+        "join_failures": tally.join_failures,
+        "busy_rejections": tally.busy_rejections,
+        "disconnects": tally.disconnects,
+        "latency_s": tally.latency_stats(),
+        "max_students_connected": max((row["connected"] for row in timeline), default=0),
+        "max_active_speakers": max((row["active_speakers"] for row in timeline), default=0),
+        "simulator_max_lag_s": round(tally.max_lag_s, 3),  # > 0.1: the simulator itself was overloaded
+        "metrics_available": metrics_seen,
+        "errors": dict(tally.errors),
+        "timeline": timeline,
+    }
+
+
+def write(folder: Path, report: dict[str, Any], tally: Tally) -> list[Path]:
+    """report.json and the plots; returns the files written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "report.json"
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    return [out, *_plots(folder, report, tally)]
+
+
+def _plots(folder: Path, report: dict[str, Any], tally: Tally) -> list[Path]:
+    try:
+        import matplotlib
+    except ImportError:  # the numbers are in report.json already; only the pictures are missing
+        print("loadsim: no plots: matplotlib is not installed (pip install 'streamserver[loadsim]')", file=sys.stderr)
+        return []
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timeline = report["timeline"]
+    t = [row["t"] for row in timeline]
+    lat = tally.latencies()
+    title = f"students {report['students']}, rooms {report['rooms']}, {report['transport']}, speak ratio {report['speak_ratio']}"
+    files = []
+
+    def save(fig, name: str) -> None:
+        fig.suptitle(title, fontsize=9)
+        fig.tight_layout()
+        fig.savefig(folder / name, dpi=110)
+        plt.close(fig)
+        files.append(folder / name)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if lat.size:
+        ax.step(np.sort(lat), np.arange(1, lat.size + 1) / lat.size, where="post")
+        for q, style in ((50, ":"), (99, "--")):
+            ax.axvline(np.percentile(lat, q), color="grey", linestyle=style, label=f"p{q} {np.percentile(lat, q):.2f} s")
+        ax.legend(loc="lower right")
+    ax.set(xlabel="end of speech -> dashboard (s)", ylabel="fraction of transcripts", title="latency CDF", ylim=(0, 1.02))
+    ax.grid(alpha=0.3)
+    save(fig, "latency_cdf.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    points = sorted(tally.transcripts.values())
+    ax.scatter([p[0] for p in points], [p[1] for p in points], s=6, alpha=0.6)
+    ax.set(xlabel="time since start (s)", ylabel="end of speech -> dashboard (s)", title="latency over time")
+    ax.grid(alpha=0.3)
+    save(fig, "latency_over_time.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(t, [row["active_speakers"] for row in timeline], label="speaking")
+    ax.plot(t, [row["connected"] * report["speak_ratio"] for row in timeline], linestyle="--", label="connected x speak ratio")
+    ax.set(xlabel="time since start (s)", ylabel="students", title="active speakers")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    save(fig, "active_speakers.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(t, [row["queue_depth"] for row in timeline])
+    note = "" if report["metrics_available"] else " (no streamserver_queue_depth on /metrics: 0)"
+    ax.set(xlabel="time since start (s)", ylabel="utterances", title="queue depth" + note)
+    ax.grid(alpha=0.3)
+    save(fig, "queue_depth.png")
+    return files

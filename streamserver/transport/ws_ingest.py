@@ -1,0 +1,141 @@
+"""WebSocket ingest: a student's audio as plain frames over one WebSocket, for on-prem classroom
+gateways and the load simulator (a fraction of WebRTC's per-stream cost: no ICE, DTLS or RTP).
+
+Protocol (after the route has checked the student token, see streamserver/api/app.py):
+  server -> {"type": "ready", "room_id", "student_id", "sample_rate": 16000, "format": "pcm16"}
+  client -> optionally, first, the text {"format": "opus"} (or "pcm16"); answered with
+            {"type": "format", "format", "sample_rate"}
+  client -> binary messages: little-endian int16 mono 16 kHz PCM of any length (20 ms = 640
+            bytes is typical), or with "opus" one Opus packet each (48 kHz; mono or stereo)
+Bad input gets {"type": "error", "error": <why>} and a close with one of the codes below; the
+stream's audio so far is flushed as usual, and the room keeps serving everyone else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Callable
+
+import av
+import numpy as np
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from streamserver.audio.pipeline import StudentAudio
+from streamserver.audio.resample import RATE, To16kMono
+from streamserver.classroom import Classroom
+from streamserver.rooms.registry import Room
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024  # 2 s of PCM16: a client sending more in one message is broken
+# aiohttp refuses larger messages itself (close 1009 without our JSON); between the two limits
+# the client gets a readable error first.
+TRANSPORT_LIMIT_BYTES = 1024 * 1024
+CLOSE_BAD_AUDIO = WSCloseCode.INVALID_TEXT  # 1007: a payload that is not what was announced
+CLOSE_UNSUPPORTED = WSCloseCode.UNSUPPORTED_DATA  # 1003: a text message we do not understand
+CLOSE_TOO_BIG = WSCloseCode.MESSAGE_TOO_BIG  # 1009
+CLOSE_REPLACED = 4001  # the same student connected again (over WebSocket or WebRTC)
+FORMATS = ("pcm16", "opus")
+
+
+class BadInput(ValueError):
+    """What the client sent cannot be used; the message is sent back to it."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Pcm16Decoder:
+    def decode(self, data: bytes) -> np.ndarray:
+        if len(data) % 2:
+            raise BadInput(f"pcm16 messages need an even byte count, got {len(data)}", CLOSE_BAD_AUDIO)
+        return np.frombuffer(data, dtype="<i2")
+
+
+class OpusDecoder:
+    """One decoder per stream: Opus carries state from packet to packet."""
+
+    def __init__(self) -> None:
+        self._codec = av.CodecContext.create("opus", "r")
+        self._codec.sample_rate = 48000
+        self._resample = To16kMono()
+
+    def decode(self, data: bytes) -> np.ndarray:
+        if not data:
+            return np.zeros(0, np.int16)  # PyAV would take an empty packet as end of stream
+        try:
+            frames = self._codec.decode(av.Packet(data))
+        except (av.error.FFmpegError, ValueError) as error:
+            raise BadInput(f"not an Opus packet ({error})", CLOSE_BAD_AUDIO) from None
+        chunks = [self._resample.push(frame) for frame in frames]
+        return np.concatenate(chunks) if chunks else np.zeros(0, np.int16)
+
+
+def _read_format(text: str) -> str:
+    try:
+        message = json.loads(text)
+    except json.JSONDecodeError:
+        message = None
+    if not isinstance(message, dict) or message.get("format") not in FORMATS:
+        raise BadInput('the only text message is a first {"format": "pcm16"|"opus"}', CLOSE_UNSUPPORTED)
+    return message["format"]
+
+
+async def serve(request: web.Request, classroom: Classroom, room: Room, student_id: str, name: str) -> web.WebSocketResponse:
+    """Run one student's stream until either side closes. The caller has checked the token and
+    the identity; open_stream's RoomFull/Busy propagate before the upgrade, so the caller can
+    answer them with an HTTP status."""
+    audio = await classroom.open_stream(room, student_id, name)
+    try:
+        ws = web.WebSocketResponse(heartbeat=20, max_msg_size=TRANSPORT_LIMIT_BYTES)
+        await ws.prepare(request)
+        await _stream(ws, room, student_id, audio, lambda: _is_current(classroom, room, student_id, audio))
+        return ws
+    finally:
+        classroom.close_stream(room, student_id, audio)  # flushes the last utterance
+
+
+def _is_current(classroom: Classroom, room: Room, student_id: str, audio: StudentAudio) -> bool:
+    connection = classroom.connections.get((room.room_id, student_id))
+    return connection is not None and connection.audio is audio
+
+
+async def _stream(ws: web.WebSocketResponse, room: Room, student_id: str, audio: StudentAudio, current: Callable[[], bool]) -> None:
+    ready = {"type": "ready", "room_id": room.room_id, "student_id": student_id, "sample_rate": RATE, "format": "pcm16"}
+    await ws.send_json(ready)
+    decoder: Pcm16Decoder | OpusDecoder = Pcm16Decoder()
+    first = True
+    try:
+        async for message in ws:
+            if not current():
+                await _close(ws, "replaced by a newer connection of this student", CLOSE_REPLACED)
+                return
+            if message.type == WSMsgType.BINARY:
+                if len(message.data) > MAX_MESSAGE_BYTES:
+                    raise BadInput(f"message of {len(message.data)} bytes is over {MAX_MESSAGE_BYTES}", CLOSE_TOO_BIG)
+                audio.push_pcm16(decoder.decode(message.data))
+            elif message.type == WSMsgType.TEXT:
+                if not first:
+                    raise BadInput("a format message must come before any audio", CLOSE_UNSUPPORTED)
+                fmt = _read_format(message.data)
+                decoder = OpusDecoder() if fmt == "opus" else Pcm16Decoder()
+                await ws.send_json({"type": "format", "format": fmt, "sample_rate": 48000 if fmt == "opus" else RATE})
+            elif message.type == WSMsgType.ERROR:  # e.g. over the transport limit: aiohttp closes with 1009
+                log.info("ingest stream of %s/%s: %s", room.room_id, student_id, ws.exception())
+                return
+            first = False
+    except BadInput as error:
+        await _close(ws, str(error), error.code)
+    except Exception:  # a bug of ours must end this stream only, never the room
+        log.exception("ingest stream of %s/%s failed", room.room_id, student_id)
+        await _close(ws, "internal error", WSCloseCode.INTERNAL_ERROR)
+
+
+async def _close(ws: web.WebSocketResponse, reason: str, code: int) -> None:
+    try:
+        await ws.send_json({"type": "error", "error": reason})
+    except ConnectionError:  # the client is already gone: nothing to tell
+        pass
+    await ws.close(code=code, message=reason.encode()[:120])

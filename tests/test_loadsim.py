@@ -1,0 +1,61 @@
+"""The load simulator: its turn-taking plan, and a small real run against `serve` with Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from streamserver.loadsim.run import parse_queue_depth
+from streamserver.loadsim.scenario import MIN_GAP_S, load_clips, plan_turns
+from tests.server_process import ADMIN_TOKEN, ServerProcess
+
+
+@pytest.mark.parametrize("ratio", [0.05, 0.1, 0.3])
+def test_turns_keep_gaps_and_the_speak_ratio(ratio):
+    clips = load_clips()
+    spoken = total = 0.0
+    for seed in range(200):
+        turns = plan_turns(clips, 120.0, ratio, random.Random(seed))
+        for before, after in zip(turns, turns[1:]):
+            assert after.start_s - before.end_s >= MIN_GAP_S - 1e-9  # one utterance per clip
+        assert all(t.end_s + MIN_GAP_S <= 120.0 for t in turns)  # complete before the stream ends
+        spoken += sum(t.clip.duration_s for t in turns)
+        total += 120.0
+    assert spoken / total == pytest.approx(ratio, rel=0.25)
+
+
+def test_queue_depth_from_prometheus_text():
+    text = "# TYPE streamserver_queue_depth gauge\nstreamserver_queue_depth 3\nstreamserver_queue_depth_max 9\n"
+    assert parse_queue_depth(text) == 3
+    assert parse_queue_depth('streamserver_queue_depth{room="a"} 2 1700000000\nstreamserver_queue_depth{room="b"} 1.5\n') == 3.5
+    assert parse_queue_depth("other_metric 1\n") is None
+
+
+def test_small_class_over_websocket(redis_url, tmp_path):
+    """4 students in one room for 20 s (in two processes): every clip sent comes back once, none
+    lost, plots drawn."""
+    with ServerProcess("--redis-url", redis_url) as server:
+        run = subprocess.run(
+            [sys.executable, "-m", "streamserver.loadsim", "--url", server.url, "--students", "4", "--rooms", "1",
+             "--duration", "20", "--speak-ratio", "0.3", "--transport", "ws", "--processes", "2", "--report", str(tmp_path)],
+            env=dict(os.environ, STREAMSERVER_ADMIN_TOKEN=ADMIN_TOKEN), capture_output=True, text=True, timeout=120,
+        )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "loadsim:" in run.stderr and "transcripts" in run.stderr  # progress once a second
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["students"] == 4 and report["rooms"] == 1 and report["transport"] == "ws"
+    assert report["duration_s"] == 20 and report["speak_ratio"] == 0.3
+    assert report["utterances_sent"] > 0 and report["transcripts_received"] > 0
+    assert report["duplicates"] == 0 and report["lost"] == 0 and report["missing_vs_clips"] == 0
+    assert report["transcripts_received"] == report["utterances_sent"]  # one transcript per clip
+    assert report["join_failures"] == 0 and report["busy_rejections"] == 0 and report["disconnects"] == 0
+    latency = report["latency_s"]
+    assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"] < 5
+    assert len(report["timeline"]) >= 15 and max(row["connected"] for row in report["timeline"]) == 4
+    for plot in ("latency_cdf.png", "latency_over_time.png", "active_speakers.png", "queue_depth.png"):
+        assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,202 @@
+"""WebSocket ingest end to end: a real `streamserver serve` with Redis, raw WebSocket students."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from fractions import Fraction
+
+import aiohttp
+import av
+import numpy as np
+import pytest
+
+from benchmarks.scoring import wer
+from streamserver.loadsim.clients import Dashboard, create_room, token_of
+from streamserver.rooms import tokens
+from tests.server_process import ADMIN_TOKEN, ServerProcess
+
+SECRET = "ws-ingest-test-secret"  # known to the test, so it can sign a token for a room that does not exist
+
+
+@pytest.fixture(scope="module")
+def server(redis_url):
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("STREAMSERVER_SECRET", SECRET)  # the server process inherits it
+        with ServerProcess("--redis-url", redis_url, "--max-students", "2") as server:
+            yield server
+
+
+def pcm16(audio: np.ndarray, lead_s: float = 0.5, tail_s: float = 1.0) -> bytes:
+    """The clip with silence around it: the tail lets the VAD's hangover end the utterance."""
+    pad = lambda s: np.zeros(int(s * 16000), np.float32)  # noqa: E731
+    return (np.clip(np.concatenate([pad(lead_s), audio, pad(tail_s)]), -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def ingest_url(server: ServerProcess, room: dict, name: str, token: str | None = None, extra: dict | None = None) -> str:
+    query = {"token": token or token_of(room["student_url"]), "name": name, **(extra or {})}
+    return server.url.replace("http", "ws") + "/ws/ingest?" + "&".join(f"{k}={v}" for k, v in query.items())
+
+
+async def wait_for(dashboard: Dashboard, name: str, timeout: float = 60) -> list[dict]:
+    for _ in range(int(timeout * 10)):
+        if found := [t for t in dashboard.transcripts() if t["student_name"] == name]:
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no transcript of {name}")
+
+
+async def send_frames(ws: aiohttp.ClientWebSocketResponse, data: bytes, frame: int = 640) -> None:
+    for i in range(0, len(data), frame):  # faster than real time: the VAD only counts samples
+        await ws.send_bytes(data[i : i + frame])
+        if i % (frame * 50) == 0:
+            await asyncio.sleep(0)
+
+
+async def speak(s: aiohttp.ClientSession, server: ServerProcess, room: dict, dashboard: Dashboard, name: str,
+                audio: np.ndarray, tail_s: float = 1.0) -> list[dict]:
+    """A student says `audio` over the ingest and hangs up; its transcripts on the dashboard."""
+    async with s.ws_connect(ingest_url(server, room, name)) as ws:
+        await ws.receive_json(timeout=10)
+        await send_frames(ws, pcm16(audio, tail_s=tail_s))
+    return await wait_for(dashboard, name)
+
+
+def test_pcm16_student_is_transcribed_with_intent(server, librivox):
+    _, audio, reference = librivox[0]
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as s:
+            room = await create_room(s, server.url, ADMIN_TOKEN, "ws class")
+            dashboard = await Dashboard().open(s, server.url, room)
+            async with s.ws_connect(ingest_url(server, room, "Wes", extra={"student_id": "ws-student-0001"})) as ws:
+                ready = await ws.receive_json(timeout=10)
+                assert ready == {"type": "ready", "room_id": room["room_id"], "student_id": "ws-student-0001",
+                                 "sample_rate": 16000, "format": "pcm16"}
+                await send_frames(ws, pcm16(audio))
+                [transcript] = await wait_for(dashboard, "Wes")
+            assert transcript["student_id"] == "ws-student-0001" and transcript["room_id"] == room["room_id"]
+            assert wer([reference], [transcript["text"]]) <= 0.2, transcript["text"]
+            assert set(transcript["intent"]) == {"label", "score"}
+            assert transcript["published_ts"] >= transcript["end_of_speech_ts"] >= transcript["start_ts"]
+            kinds = [e["type"] for e in dashboard.events if e.get("student_id") == "ws-student-0001"]
+            assert kinds[:2] == ["student_joined", "speaking_started"] and "speaking_stopped" in kinds
+            await dashboard.close()
+
+    asyncio.run(scenario())
+
+
+def test_closing_mid_utterance_flushes_it(server, librivox):
+    """No trailing silence: the close itself ends the utterance, which is still transcribed."""
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as s:
+            room = await create_room(s, server.url, ADMIN_TOKEN, "flush")
+            dashboard = await Dashboard().open(s, server.url, room)
+            assert (await speak(s, server, room, dashboard, "Flo", librivox[4][1], tail_s=0))[0]["text"]
+            await dashboard.close()
+
+    asyncio.run(scenario())
+
+
+def test_opus_packets(server, librivox):
+    _, audio, reference = librivox[3]
+    encoder = av.CodecContext.create("libopus", "w")
+    encoder.sample_rate, encoder.layout, encoder.format, encoder.time_base = 48000, "mono", "s16", Fraction(1, 48000)
+    resampled = np.interp(np.arange(0, audio.size, 1 / 3), np.arange(audio.size), audio)  # 16 -> 48 kHz
+    pcm = (np.clip(np.concatenate([resampled, np.zeros(48000)]), -1, 1) * 32767).astype(np.int16)
+    packets = []
+    for i in range(0, pcm.size - 960 + 1, 960):
+        frame = av.AudioFrame.from_ndarray(pcm[None, i : i + 960], format="s16", layout="mono")
+        frame.sample_rate, frame.pts = 48000, i
+        packets += [bytes(p) for p in encoder.encode(frame)]
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as s:
+            room = await create_room(s, server.url, ADMIN_TOKEN, "opus")
+            dashboard = await Dashboard().open(s, server.url, room)
+            async with s.ws_connect(ingest_url(server, room, "Ola")) as ws:
+                assert (await ws.receive_json(timeout=10))["format"] == "pcm16"
+                await ws.send_str(json.dumps({"format": "opus"}))
+                assert await ws.receive_json(timeout=10) == {"type": "format", "format": "opus", "sample_rate": 48000}
+                for packet in packets:
+                    await ws.send_bytes(packet)
+                heard = await wait_for(dashboard, "Ola")
+                await asyncio.sleep(1.0)  # in case the decoded audio was cut in two
+            text = " ".join(t["text"] for t in dashboard.transcripts())
+            assert wer([reference], [text]) <= 0.2, text
+            assert heard
+            await dashboard.close()
+
+    asyncio.run(scenario())
+
+
+def test_refusals_before_the_upgrade(server):
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as s:
+            a, b = await create_room(s, server.url, ADMIN_TOKEN, "A"), await create_room(s, server.url, ADMIN_TOKEN, "B")
+            student_a = token_of(a["student_url"])
+
+            async def status(url: str) -> int:
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    await s.ws_connect(url)
+                return refused.value.status
+
+            assert await status(ingest_url(server, a, "x", token=student_a[:-3] + "xyz")) == 401
+            assert await status(server.url.replace("http", "ws") + "/ws/ingest?name=x") == 401
+            assert await status(ingest_url(server, a, "x", token=token_of(a["teacher_url"]))) == 403
+            assert await status(ingest_url(server, a, "x", extra={"room": b["room_id"]})) == 403  # the token is room A's
+            assert await status(ingest_url(server, a, "x", token=tokens.issue(SECRET, "nosuchroom", "student", 60))) == 404
+            assert await status(ingest_url(server, a, "")) == 400  # a name is required
+            async with s.ws_connect(ingest_url(server, a, "one")), s.ws_connect(ingest_url(server, a, "two")):
+                assert await status(ingest_url(server, a, "three")) == 429  # --max-students 2
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "bad, code, words",
+    [
+        (b"\x00" * 641, 1007, "even byte count"),
+        (b"\x00" * (64 * 1024 + 2), 1009, "over"),
+        ("hello", 1003, "format"),
+    ],
+)
+def test_bad_input_closes_that_stream_only(server, librivox, bad, code, words):
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as s:
+            room = await create_room(s, server.url, ADMIN_TOKEN, "bad input")
+            dashboard = await Dashboard().open(s, server.url, room)
+            async with s.ws_connect(ingest_url(server, room, "Bad")) as ws:
+                await ws.receive_json(timeout=10)
+                await ws.send_bytes(bytes(6400))  # some good audio first
+                await (ws.send_bytes(bad) if isinstance(bad, bytes) else ws.send_str(bad))
+                error = await ws.receive_json(timeout=10)
+                assert error["type"] == "error" and words in error["error"]
+                closing = await ws.receive(timeout=10)
+                assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED) and ws.close_code == code
+            # The room, and the server, go on serving the next student.
+            assert (await speak(s, server, room, dashboard, "Good", librivox[4][1]))[0]["text"]
+            await dashboard.close()
+
+    asyncio.run(scenario())
+
+
+def test_reconnect_replaces_the_old_stream(server):
+    """The same student connecting again takes over its seat; the old socket is told and closed."""
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as s:
+            room = await create_room(s, server.url, ADMIN_TOKEN, "reconnect")
+            url = ingest_url(server, room, "Rey", extra={"student_id": "ws-student-rey1"})
+            async with s.ws_connect(url) as old, s.ws_connect(url) as new:
+                await old.receive_json(timeout=10)
+                assert (await new.receive_json(timeout=10))["student_id"] == "ws-student-rey1"
+                await old.send_bytes(bytes(640))
+                assert "replaced" in (await old.receive_json(timeout=10))["error"]
+                await old.receive(timeout=10)
+                assert old.close_code == 4001
+                await new.send_bytes(bytes(640))  # the new stream goes on
+                assert not new.closed
+
+    asyncio.run(scenario())
