@@ -48,6 +48,7 @@ def main() -> None:
     p.add_argument("--speak-ratio", type=float, default=0.1)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="per worker")
+    p.add_argument("--max-batch", type=int, default=16, help="per worker")
     p.add_argument("--model", default="tiny.en")
     p.add_argument("--backend", default="onnxruntime")
     p.add_argument("--kill-at", type=float, help="SIGKILL worker 0 this many seconds into the run")
@@ -73,7 +74,7 @@ def main() -> None:
             mport = free_port()
             w = subprocess.Popen(
                 EXE + ["worker", "--redis-url", redis.url, "--model", args.model, "--backend", args.backend,
-                       "--threads", str(args.threads), "--name", f"worker-{i}", "--metrics-port", str(mport)],
+                       "--threads", str(args.threads), "--max-batch", str(args.max_batch), "--name", f"worker-{i}", "--metrics-port", str(mport)],
                 env=env, stdout=open(logs / f"worker-{i}.log", "w"), stderr=subprocess.STDOUT,
             )
             procs.append(w)
@@ -102,7 +103,7 @@ def main() -> None:
         report_path = args.out / "report.json"
         report = json.loads(report_path.read_text()) if report_path.exists() else {}
         report["scenario"] = {
-            "gateways": 1, "workers": args.workers, "threads_per_worker": args.threads, "model": args.model,
+            "gateways": 1, "workers": args.workers, "threads_per_worker": args.threads, "max_batch": args.max_batch, "model": args.model,
             "backend": args.backend, "killed": killed, "loadsim_exit": rc, "cpus": os.cpu_count(),
             "command": " ".join(sys.argv),
         }

@@ -88,8 +88,6 @@ class InflightDecoder:
         self.active = 0  # slots [0, active) are stepped: running ones and finished ones not yet compacted
         self.live = 0  # how many of them are still running
         self._flags: list[tuple[Any, Any, int]] = []  # finished flags of launched steps, not yet read
-        self._pinned: list[dict[str, torch.Tensor]] = []  # two host buffers, used in turn (one in flight)
-        self._pinned_turn = 0
         self.pending: deque[tuple[list[tuple[torch.Tensor, torch.Tensor]], list[Job]]] = deque()
         self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         # torch.compile fuses the step's ~200 small kernels (layer norms, masks, the greedy rules)
@@ -97,7 +95,6 @@ class InflightDecoder:
         # at batch 1 take 0.5 ms of GPU time. One compile with dynamic shapes serves every bucket.
         self.compiled = compile
         self._step_fn = torch.compile(self._step, dynamic=True) if compile else self._step
-        self._prefill_fn = torch.compile(model.prefill, dynamic=True) if compile else model.prefill
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
 
     # ---- the step (graph-capturable: fixed shapes, no host synchronisation) ----
@@ -234,38 +231,12 @@ class InflightDecoder:
             getattr(self, name)[block] = torch.tensor(values, device=dev)
         for t in (self.pos, self.n_out, self.logprob, self.no_speech, self.done, self.hit_budget):
             t[block] = 0
-        self._prefill(start, jobs)
         self.jobs[block] = jobs
         self.active += take
         self.live += take
         # Upper bounds over the active slots, for the buckets a step reads (reset when all leave).
         self._max_ctx = max(self._max_ctx, ctx)
         self._max_pos = max(self._max_pos, max(len(j.prefix) + j.budget for j in jobs))
-
-    def _prefill(self, start: int, jobs: list[Job]) -> None:
-        """All forced tokens but the last in one pass per group of equal prefix length; the no-speech
-        probability comes from the logits after <|startoftranscript|>. The slot then continues at
-        the last forced token, whose step yields the first free token."""
-        dev = self.model.device
-        by_length: dict[int, list[int]] = {}
-        for j, job in enumerate(jobs):
-            by_length.setdefault(len(job.prefix), []).append(j)
-        for length, members in by_length.items():
-            if length < 2 or any(jobs[j].sot_index > length - 2 for j in members):
-                continue  # nothing to prefill, or <|startoftranscript|> is the last forced token
-            for run_start, run in _runs([start + j for j in members]):
-                rows = slice(run_start, run_start + len(run))
-                tokens = self.prefix[rows, : length - 1]
-                self_kv = [(k[rows], v[rows]) for k, v in self.self_kv]
-                cross_kv = [(k[rows, :, : self._max_ctx_of(rows)], v[rows, :, : self._max_ctx_of(rows)]) for k, v in self.cross_kv]
-                read_at = self.sot_pos[rows]
-                logits = self._prefill_fn(tokens, self_kv, cross_kv, self.cross_len[rows], read_at)
-                self.no_speech[rows] = torch.softmax(logits, dim=-1)[:, self.tok.no_speech]
-                self.token[rows] = self.prefix[rows, length - 1]
-                self.pos[rows] = length - 1
-
-    def _max_ctx_of(self, rows: slice) -> int:
-        return int(self.cross_len[rows].max())
 
     _max_ctx = 0
     _max_pos = 0  # ... and of the positions any of them can reach
@@ -321,20 +292,14 @@ class InflightDecoder:
     def _copy_flags(self, n: int) -> tuple[Any, dict[str, torch.Tensor], int]:
         """This step's finished flags and every result a finished slot needs (tokens, counts,
         log-probabilities, no-speech probabilities), copied behind the step: reading them later
-        never waits for a step still running. ~0.5 MB at 256 slots, into one of two preallocated
-        pinned buffers (allocating them per step cost ~0.1 ms of host time a step)."""
+        never waits for a step still running. ~0.5 MB at 256 slots."""
         sources = {
             "done": self.done[:n], "out": self.out[:n], "n_out": self.n_out[:n], "logprob": self.logprob[:n],
             "no_speech": self.no_speech[:n], "hit": self.hit_budget[:n],
         }
         if not self.graphs:
             return None, {k: v.cpu() for k, v in sources.items()}, n
-        if not self._pinned:
-            full = {"done": self.done, "out": self.out, "n_out": self.n_out, "logprob": self.logprob,
-                    "no_speech": self.no_speech, "hit": self.hit_budget}
-            self._pinned = [{k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in full.items()} for _ in range(2)]
-        self._pinned_turn ^= 1
-        host = {k: buf[:n] for k, buf in self._pinned[self._pinned_turn].items()}
+        host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in sources.items()}
         for k, v in sources.items():
             host[k].copy_(v, non_blocking=True)
         event = torch.cuda.Event()
@@ -377,17 +342,6 @@ class InflightDecoder:
             for job in self.run_once():
                 waiting.discard(id(job))
         return jobs
-
-
-def _runs(slots: list[int]) -> list[tuple[int, list[int]]]:
-    """Consecutive slot numbers grouped: [(first, [first, first+1, ...]), ...]."""
-    out: list[tuple[int, list[int]]] = []
-    for s in slots:
-        if out and out[-1][1][-1] == s - 1:
-            out[-1][1].append(s)
-        else:
-            out.append((s, [s]))
-    return out
 
 
 def make_prefix(tok: WhisperTokenizer, language: str, prompt: list[int] | None) -> tuple[list[int], int]:

@@ -186,37 +186,6 @@ class TorchWhisper:
             x = x + self._mlp(x, l)
         return F.linear(self._ln(x[:, 0], self.decoder_norm), self.embed).float()
 
-    def prefill(
-        self,
-        tokens: torch.Tensor,  # [S, T] int64: the forced tokens of each slot, from position 0
-        self_kv: list[tuple[torch.Tensor, torch.Tensor]],  # per layer [S, H, >=T, hd]: positions 0..T-1 are written
-        cross_kv: list[tuple[torch.Tensor, torch.Tensor]],
-        cross_len: torch.Tensor,
-        read_at: torch.Tensor,  # [S] int64: the position whose next-token logits are returned
-    ) -> torch.Tensor:
-        """Several forced tokens in one pass (a prompt and the task tokens): their K/V into the
-        cache and the fp32 logits after position read_at. The same arithmetic as feeding them one
-        at a time through step(), in one pass instead of T."""
-        S, T = tokens.shape
-        C = cross_kv[0][0].shape[2]
-        cross_mask = (torch.arange(C, device=tokens.device)[None, :] < cross_len[:, None])[:, None, None, :]
-        x = self.embed[tokens] + self.text_pos[:T]
-        for l, (sk, sv), (ck, cv) in zip(self.decoder_layers, self_kv, cross_kv):
-            q, k, v = (self._heads(t) for t in F.linear(self._ln(x, l.ln1), l.qkv_w, l.qkv_b).chunk(3, dim=-1))
-            sk[:, :, :T] = k
-            sv[:, :, :T] = v
-            x = x + F.linear(_prefix_attend(q, k, v), l.out_w, l.out_b)
-            cq = self._heads(F.linear(self._ln(x, l.ln_cross), l.cq_w, l.cq_b))
-            cross = F.scaled_dot_product_attention(cq, ck, cv, attn_mask=cross_mask).transpose(1, 2).flatten(2)
-            x = x + F.linear(cross, l.co_w, l.co_b)
-            x = x + self._mlp(x, l)
-        last = x[torch.arange(S, device=tokens.device), read_at]
-        return F.linear(self._ln(last, self.decoder_norm), self.embed).float()
-
-
-def _prefix_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
-
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """One query per slot over its masked keys: q [S, H, 1, hd], k/v [S, H, T, hd], mask [S, 1, 1, T] -> [S, 1, d]."""

@@ -1,0 +1,114 @@
+"""`streamserver gateway` + `streamserver worker` processes around a real redis-server: the busy
+answer when no worker can transcribe, and a small simulated class end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.server_process import ADMIN_TOKEN, free_port
+
+ENV = dict(os.environ, STREAMSERVER_ADMIN_TOKEN=ADMIN_TOKEN, PYTHONUNBUFFERED="1")
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def _post(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _wait(url: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(url)
+
+
+class Proc:
+    def __init__(self, log: Path, *args: str) -> None:
+        self.log = log
+        self.proc = subprocess.Popen([sys.executable, "-m", "streamserver", *args], env=ENV,
+                                     stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture()
+def gateway(redis_url, tmp_path):
+    port = free_port()
+    proc = Proc(tmp_path / "gateway.log", "gateway", "--port", str(port), "--redis-url", redis_url)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(url + "/healthz", 60)
+        yield url
+    finally:
+        proc.stop()
+
+
+def test_no_worker_means_busy_not_a_silent_queue(gateway):
+    status, body = _get(gateway + "/readyz")
+    assert status == 503 and "no ASR worker" in body
+    status, room = _post(gateway + "/api/rooms", {"name": "busy class", "language": "en"},
+                         {"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert status == 201, room
+    token = room["student_url"].split("token=")[1].split("&")[0]
+    status, answer = _post(f"{gateway}/api/rooms/{room['room_id']}/offer",
+                           {"sdp": "v=0", "type": "offer", "token": token, "student_name": "Ann"})
+    assert status == 503 and answer["error"] == "busy" and "no ASR worker" in answer["detail"]
+    status, metrics = _get(gateway + "/metrics")
+    assert status == 200 and "streamserver_busy_rejections_total 1.0" in metrics
+    assert "streamserver_queue_depth" in metrics
+
+
+def test_small_class_through_gateway_and_worker(gateway, redis_url, tmp_path):
+    """3 students over WebSocket for 20 s; one worker process: every queued utterance comes back
+    once, and the worker's metrics saw the batches."""
+    mport = free_port()
+    worker = Proc(tmp_path / "worker.log", "worker", "--redis-url", redis_url, "--threads", "2",
+                  "--name", "test-worker", "--metrics-port", str(mport))
+    try:
+        _wait(f"http://127.0.0.1:{mport}/readyz", 180)
+        run = subprocess.run(
+            [sys.executable, "-m", "streamserver", "loadsim", "--url", gateway, "--students", "3", "--rooms", "1",
+             "--duration", "20", "--speak-ratio", "0.3", "--transport", "ws", "--report", str(tmp_path / "report")],
+            env=ENV, capture_output=True, text=True, timeout=180,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        report = json.loads((tmp_path / "report" / "report.json").read_text())
+        assert report["lost_basis"] == "utterance_queued"  # the gateway announced every job
+        assert report["utterances_queued"] > 0 and report["transcripts_received"] == report["utterances_queued"]
+        assert report["lost"] == 0 and report["duplicates"] == 0
+        status, metrics = _get(f"http://127.0.0.1:{mport}/metrics")
+        assert status == 200 and "streamserver_batch_size_count" in metrics
+        count = [line for line in metrics.splitlines() if line.startswith("streamserver_eos_to_published_seconds_count")]
+        assert count and float(count[0].split()[-1]) >= report["transcripts_received"]
+    finally:
+        worker.stop()
