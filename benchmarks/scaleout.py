@@ -52,6 +52,8 @@ def main() -> None:
     p.add_argument("--model", default="tiny.en")
     p.add_argument("--backend", default="onnxruntime")
     p.add_argument("--kill-at", type=float, help="SIGKILL worker 0 this many seconds into the run")
+    p.add_argument("--restart-after", type=float, help="start a replacement worker this long after the kill "
+                   "(what a supervisor such as docker's restart policy does)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
 
@@ -69,16 +71,18 @@ def main() -> None:
             env=env, stdout=open(logs / "gateway.log", "w"), stderr=subprocess.STDOUT,
         )
         procs.append(gateway)
-        workers = []
-        for i in range(args.workers):
+        def start_worker(name: str) -> tuple[subprocess.Popen, int]:
             mport = free_port()
             w = subprocess.Popen(
                 EXE + ["worker", "--redis-url", redis.url, "--model", args.model, "--backend", args.backend,
-                       "--threads", str(args.threads), "--max-batch", str(args.max_batch), "--name", f"worker-{i}", "--metrics-port", str(mport)],
-                env=env, stdout=open(logs / f"worker-{i}.log", "w"), stderr=subprocess.STDOUT,
+                       "--threads", str(args.threads), "--max-batch", str(args.max_batch), "--name", name,
+                       "--metrics-port", str(mport)],
+                env=env, stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT,
             )
             procs.append(w)
-            workers.append((w, mport))
+            return w, mport
+
+        workers = [start_worker(f"worker-{i}") for i in range(args.workers)]
         url = f"http://127.0.0.1:{port}"
         _wait_http(url + "/healthz", 60, "gateway")
         for w, mport in workers:
@@ -99,6 +103,10 @@ def main() -> None:
             victim.send_signal(signal.SIGKILL)
             killed = {"worker": "worker-0", "at_s": round(time.time() - started, 1), "signal": "SIGKILL"}
             print(f"killed worker-0 at {killed['at_s']}s", file=sys.stderr, flush=True)
+            if args.restart_after is not None:
+                time.sleep(args.restart_after)
+                start_worker("worker-0-restarted")
+                killed["replacement_started_at_s"] = round(time.time() - started, 1)
         rc = sim.wait()
         report_path = args.out / "report.json"
         report = json.loads(report_path.read_text()) if report_path.exists() else {}
