@@ -112,3 +112,65 @@ def test_small_class_through_gateway_and_worker(gateway, redis_url, tmp_path):
         assert count and float(count[0].split()[-1]) >= report["transcripts_received"]
     finally:
         worker.stop()
+
+
+def test_redis_restart_gateway_and_worker_reconnect(tmp_path, librivox):
+    """Redis (append-only file) restarts between two utterances of a student: the gateway and
+    the worker reconnect by themselves, the dashboard's feed resubscribes, both transcripts
+    arrive once."""
+    import asyncio
+
+    import aiohttp
+    import numpy as np
+
+    from streamserver.loadsim.clients import Dashboard, create_room, token_of
+    from tests.redis_server import RedisServer
+
+    server = RedisServer(persist_dir=tmp_path / "aof").start()
+    port, mport = free_port(), free_port()
+    gateway = Proc(tmp_path / "gateway.log", "gateway", "--port", str(port), "--redis-url", server.url)
+    worker = Proc(tmp_path / "worker.log", "worker", "--redis-url", server.url, "--threads", "2", "--metrics-port", str(mport))
+    url = f"http://127.0.0.1:{port}"
+    audio = librivox[0][1]
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes() + bytes(32000 * 2)  # clip + 2 s of silence
+
+    async def say(ws: aiohttp.ClientWebSocketResponse) -> None:
+        for i in range(0, len(pcm), 640 * 10):  # 200 ms a message, a little faster than real time
+            await ws.send_bytes(pcm[i : i + 640 * 10])
+            await asyncio.sleep(0.1)
+
+    async def transcripts(dashboard: Dashboard, n: int, timeout_s: float = 60) -> list[dict]:
+        for _ in range(int(timeout_s * 10)):
+            found = [e for e in dashboard.events if e.get("type") == "transcript"]
+            if len(found) >= n:
+                return found
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{n} transcripts expected, got {[e.get('type') for e in dashboard.events]}")
+
+    async def body() -> None:
+        async with aiohttp.ClientSession() as session:
+            room = await create_room(session, url, ADMIN_TOKEN, "restart class", "en")
+            dashboard = await Dashboard().open(session, url, room)
+            params = {"token": token_of(room["student_url"]), "name": "Ann", "student_id": "ann-0001"}
+            async with session.ws_connect(url.replace("http", "ws") + "/ws/ingest", params=params) as ws:
+                assert json.loads((await ws.receive(timeout=10)).data)["type"] == "ready"
+                await say(ws)
+                await transcripts(dashboard, 1)
+                server.stop()  # SIGTERM: the AOF is written out
+                await asyncio.sleep(1.0)
+                server.start()
+                await asyncio.sleep(2.0)  # let the feed resubscribe (it backs off up to a few seconds)
+                await say(ws)
+                events = await transcripts(dashboard, 2)
+            assert len({e["utterance_id"] for e in events}) == 2 and all(e["text"] for e in events)
+            if dashboard.ws is not None:
+                await dashboard.ws.close()
+
+    try:
+        _wait(url + "/healthz", 60)
+        _wait(f"http://127.0.0.1:{mport}/readyz", 180)
+        asyncio.run(asyncio.wait_for(body(), 180))
+    finally:
+        worker.stop()
+        gateway.stop()
+        server.stop()
