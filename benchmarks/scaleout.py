@@ -112,7 +112,7 @@ def main() -> None:
         report = json.loads(report_path.read_text()) if report_path.exists() else {}
         report["scenario"] = {
             "gateways": 1, "workers": args.workers, "threads_per_worker": args.threads, "max_batch": args.max_batch, "model": args.model,
-            "backend": args.backend, "killed": killed, "loadsim_exit": rc, "cpus": os.cpu_count(),
+            "backend": args.backend, "ort_spin": env.get("STREAMSERVER_ORT_SPIN", "0 (the worker default)"), "killed": killed, "loadsim_exit": rc, "cpus": os.cpu_count(),
             "command": " ".join(sys.argv),
         }
         report_path.write_text(json.dumps(report, indent=1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -38,9 +39,16 @@ def new_session(model: str | bytes, threads: int) -> ort.InferenceSession:
     the cores from the other, and a decoder step after the encoder took 4.1 ms instead of 1.7 ms
     (tiny.en, 2 threads).
     """
-    _use_shared_thread_pool(threads)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if os.environ.get("STREAMSERVER_ORT_SPIN", "1") == "0":
+        # Several engine processes on few cores (scale-out workers): threads that spin while
+        # waiting for work take the cores from the other processes. The process-wide pool
+        # cannot be told not to spin, so each session gets its own pool that sleeps instead.
+        options.intra_op_num_threads = threads
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    _use_shared_thread_pool(threads)
     options.use_per_session_threads = False
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
