@@ -73,6 +73,20 @@ class Classroom:
             counts[room_id] = counts.get(room_id, 0) + 1
         return {(("room", room_id),): float(n) for room_id, n in counts.items()}
 
+    async def create_room(self, name: str, language: str) -> Room:
+        """A new room, announced on the bus so that every gateway of the deployment can seat its
+        students and feed its teacher."""
+        room = self.rooms.create(name, language)
+        await self.bus.save_room(room.room_id, {"name": name, "language": language})
+        return room
+
+    async def find_room(self, room_id: str) -> Room | None:
+        """This process's room, or one another gateway created (read once from the bus)."""
+        room = self.rooms.get(room_id)
+        if room is None and (meta := await self.bus.load_room(room_id)):
+            room = self.rooms.adopt(room_id, meta.get("name", ""), meta.get("language", "auto"))
+        return room
+
     async def check_capacity(self) -> None:
         """Raise Busy when the ASR workers cannot take one more student (gateway mode)."""
         if isinstance(self.worker, QueueSink) and (reason := await self.worker.busy()):

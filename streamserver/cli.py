@@ -96,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(classroom)
     if args.demo_room:
         language = "en" if not engine.multilingual else "auto"
-        room = classroom.rooms.create(args.demo_room, language)
+        room = classroom.rooms.create(args.demo_room, language)  # before the loop runs: this process only
         base = settings.public_url or f"http://{settings.host}:{settings.port}"
         links = tokens.room_links(settings.secret, room.room_id, base, settings.token_ttl_s)
         print(f"demo room {room.name!r} ({language}):", flush=True)

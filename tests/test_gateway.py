@@ -16,7 +16,8 @@ import pytest
 
 from tests.server_process import ADMIN_TOKEN, free_port
 
-ENV = dict(os.environ, STREAMSERVER_ADMIN_TOKEN=ADMIN_TOKEN, PYTHONUNBUFFERED="1")
+# One secret for every gateway: a token signed by one is checked by another.
+ENV = dict(os.environ, STREAMSERVER_ADMIN_TOKEN=ADMIN_TOKEN, STREAMSERVER_SECRET="test-gateways-secret", PYTHONUNBUFFERED="1")
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -59,6 +60,42 @@ class Proc:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+def pcm_of(audio, silence_s: float = 2.0) -> bytes:
+    """A clip as PCM16 with silence after it, so that the VAD ends the utterance."""
+    import numpy as np
+
+    return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes() + bytes(int(16000 * silence_s) * 2)
+
+
+async def open_student(session, url: str, room: dict, name: str, student_id: str):
+    """A WebSocket student of `room` through the gateway at `url`, after its "ready"."""
+    from streamserver.loadsim.clients import token_of
+
+    params = {"token": token_of(room["student_url"]), "name": name, "student_id": student_id}
+    ws = await session.ws_connect(url.replace("http", "ws") + "/ws/ingest", params=params)
+    assert json.loads((await ws.receive(timeout=10)).data)["type"] == "ready"
+    return ws
+
+
+async def say(ws, pcm: bytes) -> None:
+    import asyncio
+
+    for i in range(0, len(pcm), 6400):  # 200 ms a message, a little faster than real time
+        await ws.send_bytes(pcm[i : i + 6400])
+        await asyncio.sleep(0.1)
+
+
+async def transcripts(dashboard, n: int, timeout_s: float = 60) -> list[dict]:
+    import asyncio
+
+    for _ in range(int(timeout_s * 10)):
+        found = [e for e in dashboard.events if e.get("type") == "transcript"]
+        if len(found) >= n:
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{n} transcripts expected, got {[e.get('type') for e in dashboard.events]}")
 
 
 @pytest.fixture()
@@ -121,9 +158,8 @@ def test_redis_restart_gateway_and_worker_reconnect(tmp_path, librivox):
     import asyncio
 
     import aiohttp
-    import numpy as np
 
-    from streamserver.loadsim.clients import Dashboard, create_room, token_of
+    from streamserver.loadsim.clients import Dashboard, create_room
     from tests.redis_server import RedisServer
 
     server = RedisServer(persist_dir=tmp_path / "aof").start()
@@ -131,36 +167,20 @@ def test_redis_restart_gateway_and_worker_reconnect(tmp_path, librivox):
     gateway = Proc(tmp_path / "gateway.log", "gateway", "--port", str(port), "--redis-url", server.url)
     worker = Proc(tmp_path / "worker.log", "worker", "--redis-url", server.url, "--threads", "2", "--metrics-port", str(mport))
     url = f"http://127.0.0.1:{port}"
-    audio = librivox[0][1]
-    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes() + bytes(32000 * 2)  # clip + 2 s of silence
-
-    async def say(ws: aiohttp.ClientWebSocketResponse) -> None:
-        for i in range(0, len(pcm), 640 * 10):  # 200 ms a message, a little faster than real time
-            await ws.send_bytes(pcm[i : i + 640 * 10])
-            await asyncio.sleep(0.1)
-
-    async def transcripts(dashboard: Dashboard, n: int, timeout_s: float = 60) -> list[dict]:
-        for _ in range(int(timeout_s * 10)):
-            found = [e for e in dashboard.events if e.get("type") == "transcript"]
-            if len(found) >= n:
-                return found
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"{n} transcripts expected, got {[e.get('type') for e in dashboard.events]}")
+    pcm = pcm_of(librivox[0][1])
 
     async def body() -> None:
         async with aiohttp.ClientSession() as session:
             room = await create_room(session, url, ADMIN_TOKEN, "restart class", "en")
             dashboard = await Dashboard().open(session, url, room)
-            params = {"token": token_of(room["student_url"]), "name": "Ann", "student_id": "ann-0001"}
-            async with session.ws_connect(url.replace("http", "ws") + "/ws/ingest", params=params) as ws:
-                assert json.loads((await ws.receive(timeout=10)).data)["type"] == "ready"
-                await say(ws)
+            async with await open_student(session, url, room, "Ann", "ann-0001") as ws:
+                await say(ws, pcm)
                 await transcripts(dashboard, 1)
                 server.stop()  # SIGTERM: the AOF is written out
                 await asyncio.sleep(1.0)
                 server.start()
                 await asyncio.sleep(2.0)  # let the feed resubscribe (it backs off up to a few seconds)
-                await say(ws)
+                await say(ws, pcm)
                 events = await transcripts(dashboard, 2)
             assert len({e["utterance_id"] for e in events}) == 2 and all(e["text"] for e in events)
             if dashboard.ws is not None:
@@ -174,3 +194,42 @@ def test_redis_restart_gateway_and_worker_reconnect(tmp_path, librivox):
         worker.stop()
         gateway.stop()
         server.stop()
+
+
+def test_a_room_created_on_one_gateway_is_served_by_another(redis_url, tmp_path, librivox):
+    """Two gateways, one worker: the room is created through gateway A, its student speaks
+    through gateway B, the teacher watches on A."""
+    import asyncio
+
+    import aiohttp
+
+    from streamserver.loadsim.clients import Dashboard, create_room
+
+    ports = [free_port(), free_port()]
+    mport = free_port()
+    gateways = [Proc(tmp_path / f"gateway-{p}.log", "gateway", "--port", str(p), "--redis-url", redis_url) for p in ports]
+    worker = Proc(tmp_path / "worker.log", "worker", "--redis-url", redis_url, "--threads", "2", "--metrics-port", str(mport))
+    a, b = (f"http://127.0.0.1:{p}" for p in ports)
+    pcm = pcm_of(librivox[1][1])
+
+    async def body() -> None:
+        async with aiohttp.ClientSession() as session:
+            room = await create_room(session, a, ADMIN_TOKEN, "shared class", "en")
+            dashboard = await Dashboard().open(session, a, room)
+            async with await open_student(session, b, room, "Bo", "bo-000001") as ws:
+                await say(ws, pcm)
+                await transcripts(dashboard, 1)
+            kinds = [e.get("type") for e in dashboard.events]
+            assert "student_joined" in kinds and kinds.count("transcript") == 1, kinds
+            if dashboard.ws is not None:
+                await dashboard.ws.close()
+
+    try:
+        for url in (a, b):
+            _wait(url + "/healthz", 60)
+        _wait(f"http://127.0.0.1:{mport}/readyz", 180)
+        asyncio.run(asyncio.wait_for(body(), 180))
+    finally:
+        worker.stop()
+        for g in gateways:
+            g.stop()

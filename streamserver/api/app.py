@@ -19,6 +19,7 @@ from aiohttp import WSMsgType, web
 from streamserver.classroom import Classroom
 from streamserver.rooms import tokens
 from streamserver.rooms.registry import LANGUAGES, Room, RoomFull
+from streamserver.bus.redis import BusError
 from streamserver.queue.sink import Busy, QueueSink
 from streamserver.transport import ws_ingest
 from streamserver.transport.webrtc import OfferError
@@ -42,8 +43,11 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _room(request: web.Request) -> Room:
-    room = request.app[CLASSROOM].rooms.get(request.match_info["room_id"])
+async def _room(request: web.Request) -> Room:
+    try:
+        room = await request.app[CLASSROOM].find_room(request.match_info["room_id"])
+    except BusError as error:
+        raise web.HTTPServiceUnavailable(text=json.dumps({"error": str(error)}), content_type="application/json") from error
     if room is None:
         raise web.HTTPNotFound(text=json.dumps({"error": "no such room"}), content_type="application/json")
     return room
@@ -73,7 +77,10 @@ async def create_room(request: web.Request) -> web.Response:
         return _error(400, f"language must be one of {', '.join(LANGUAGES)}")
     if language != "en" and not classroom.engine.multilingual:
         return _error(400, f"this server runs the English-only model {classroom.engine.model}; start it with --model base")
-    room = classroom.rooms.create(name.strip(), language)
+    try:
+        room = await classroom.create_room(name.strip(), language)
+    except BusError as error:
+        return _error(503, f"room not created: {error}")
     base = settings.public_url or f"{request.scheme}://{request.host}"
     return web.json_response(
         {
@@ -97,7 +104,7 @@ def _student_identity(student_id: object, name: object, name_field: str) -> tupl
 
 
 async def offer(request: web.Request) -> web.Response:
-    room = _room(request)
+    room = await _room(request)
     body = await _json_body(request)
     if (denied := _check_token(request, room, body.get("token"), "student")) is not None:
         return denied
@@ -125,7 +132,11 @@ async def ingest(request: web.Request) -> web.StreamResponse:
         claim = tokens.verify(classroom.settings.secret, request.query.get("token"), request.query.get("room"), "student")
     except tokens.TokenError as error:
         return _error(error.status, str(error))
-    if (room := classroom.rooms.get(claim.room_id)) is None:
+    try:
+        room = await classroom.find_room(claim.room_id)
+    except BusError as error:
+        return _error(503, str(error))
+    if room is None:
         return _error(404, "no such room")
     student_id, name = _student_identity(request.query.get("student_id"), request.query.get("name"), "name")
     try:
@@ -138,7 +149,7 @@ async def ingest(request: web.Request) -> web.StreamResponse:
 
 async def feed(request: web.Request) -> web.StreamResponse:
     """The teacher's live feed: history first, then the roster, then events as they happen."""
-    room = _room(request)
+    room = await _room(request)
     if (denied := _check_token(request, room, request.query.get("token"), "teacher")) is not None:
         return denied
     classroom = request.app[CLASSROOM]

@@ -22,6 +22,12 @@ class Bus(Protocol):
     async def subscriber_count(self, room_id: str) -> int:
         """How many subscriptions of the room are live (a new one counts once it can receive)."""
 
+    async def save_room(self, room_id: str, meta: dict[str, str]) -> None:
+        """Remember a room's name and language where every process of the deployment can read them."""
+
+    async def load_room(self, room_id: str) -> dict[str, str] | None:
+        """What save_room stored, or None."""
+
     async def ping(self) -> bool: ...
 
     async def close(self) -> None: ...

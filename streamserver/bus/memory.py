@@ -11,6 +11,7 @@ log = logging.getLogger(__name__)
 
 class MemoryBus:
     def __init__(self, history_len: int = 500, max_lag: int = 1000) -> None:
+        self._rooms: dict[str, dict[str, str]] = {}
         self._history_len = history_len
         self._max_lag = max_lag
         self._history: dict[str, deque[str]] = {}
@@ -55,6 +56,12 @@ class MemoryBus:
                 yield event
         finally:
             self._unregister(room_id, queue)
+
+    async def save_room(self, room_id: str, meta: dict[str, str]) -> None:
+        self._rooms[room_id] = dict(meta)
+
+    async def load_room(self, room_id: str) -> dict[str, str] | None:
+        return self._rooms.get(room_id)
 
     async def history(self, room_id: str, limit: int = 200) -> list[str]:
         history = self._history.get(room_id)

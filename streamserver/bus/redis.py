@@ -141,6 +141,19 @@ class RedisBus:
             raise BusError(f"subscriber count of room {room_id!r} failed: {e}") from e
         return int(count)
 
+    async def save_room(self, room_id: str, meta: dict[str, str]) -> None:
+        try:
+            await self._redis.hset(f"{room_channel(room_id)}:meta", mapping=meta)
+        except _FAILURES as e:
+            raise BusError(f"saving room {room_id!r} failed: {e}") from e
+
+    async def load_room(self, room_id: str) -> dict[str, str] | None:
+        try:
+            meta = await self._redis.hgetall(f"{room_channel(room_id)}:meta")
+        except _FAILURES as e:
+            raise BusError(f"loading room {room_id!r} failed: {e}") from e
+        return meta or None
+
     async def ping(self) -> bool:
         """Health check: True when Redis answers; never raises."""
         try:
