@@ -222,7 +222,7 @@ def test_redis_survives_server_restart(caplog: pytest.LogCaptureFixture) -> None
         bus, r = RedisBus(server.url, backoff_min_s=0.05, backoff_max_s=0.2), room()
         try:
             sub = bus.subscribe(r)
-            pending = asyncio.create_task(take(sub, 2, timeout_s=20))
+            pending = asyncio.create_task(take(sub, 3, timeout_s=20))
             await wait_subscribers(bus, r, 1)
             await bus.publish(r, "before")
             assert await bus.ping()
@@ -234,9 +234,11 @@ def test_redis_survives_server_restart(caplog: pytest.LogCaptureFixture) -> None
             await asyncio.sleep(0.5)  # let the subscriber notice and start retrying
 
             await asyncio.to_thread(server.start)
+            # Published before the subscriber is back: no pub/sub delivery, replayed from history.
+            await bus.publish(r, "during")
             await wait_subscribers(bus, r, 1)  # resubscribed to the new server
             await bus.publish(r, "after")
-            assert await pending == ["before", "after"]
+            assert await pending == ["before", "during", "after"]
             await sub.aclose()
         finally:
             await bus.close()

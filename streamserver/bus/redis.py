@@ -8,6 +8,7 @@ The hiredis parser is used: redis-py picks it by default whenever hiredis is ins
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from typing import AsyncIterator
@@ -79,21 +80,32 @@ class RedisBus:
     async def subscribe(self, room_id: str) -> AsyncIterator[str]:
         """Events published from the first __anext__ on (once SUBSCRIBE is acknowledged).
 
-        Survives connection loss: resubscribes with exponential backoff, logging it. Events
-        published while disconnected are not delivered (pub/sub keeps nothing); history() has
-        them. Ends on close(). Use `async with contextlib.aclosing(bus.subscribe(room))` so that
-        leaving the loop unsubscribes at once rather than at garbage collection.
+        Survives connection loss: resubscribes with exponential backoff, logging it, then replays
+        from the room's history what was published while it was away (pub/sub keeps nothing),
+        skipping what it had already delivered. Ends on close(). Use `async with
+        contextlib.aclosing(bus.subscribe(room))` so that leaving the loop unsubscribes at once
+        rather than at garbage collection.
         """
         channel = room_channel(room_id)
         delay = self._backoff_min_s
         lost = False
+        mark: str | None = None  # history stream position up to which this subscriber is served
+        delivered: collections.deque[str] = collections.deque(maxlen=max(self._history_len, 1))
         while not self._closed:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel)
+                if mark is None:
+                    mark = await self._history_end(room_id)
                 if lost:
                     log.info("resubscribed to %s", channel)
                     lost = False
+                    missed, mark = await self._history_after(room_id, mark)
+                    seen = set(delivered)
+                    for event in missed:
+                        if event not in seen:
+                            delivered.append(event)
+                            yield event
                 delay = self._backoff_min_s
                 while not self._closed:
                     # A timeout rather than listen(): lets the loop notice close().
@@ -101,6 +113,7 @@ class RedisBus:
                         ignore_subscribe_messages=True, timeout=self._poll_s
                     )
                     if message is not None and message["type"] == "message":
+                        delivered.append(message["data"])
                         yield message["data"]
             except _FAILURES as e:
                 if self._closed:  # close() tore the connection down under us
@@ -121,6 +134,15 @@ class RedisBus:
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff_max_s)
+
+    async def _history_end(self, room_id: str) -> str:
+        newest = await self._redis.xrevrange(history_key(room_id), count=1)
+        return newest[0][0] if newest else "0-0"
+
+    async def _history_after(self, room_id: str, mark: str) -> tuple[list[str], str]:
+        """History entries after `mark` (oldest first) and the new mark."""
+        entries = await self._redis.xrange(history_key(room_id), min=f"({mark}", max="+")
+        return [fields["event"] for _id, fields in entries], (entries[-1][0] if entries else mark)
 
     async def history(self, room_id: str, limit: int = 200) -> list[str]:
         # MAXLEN ~ may keep a few more than history_len; cap here so both buses agree.
