@@ -19,6 +19,8 @@ from aiohttp import WSMsgType, web
 from streamserver.classroom import Classroom
 from streamserver.rooms import tokens
 from streamserver.rooms.registry import LANGUAGES, Room, RoomFull
+from redis.exceptions import RedisError
+
 from streamserver.bus.redis import BusError
 from streamserver.queue.sink import Busy, QueueSink
 from streamserver.transport import ws_ingest
@@ -75,7 +77,7 @@ async def create_room(request: web.Request) -> web.Response:
         return _error(400, "name must be a non-empty string of at most 200 characters")
     if language not in LANGUAGES:
         return _error(400, f"language must be one of {', '.join(LANGUAGES)}")
-    if language != "en" and not classroom.engine.multilingual:
+    if language != "en" and classroom.engine is not None and not classroom.engine.multilingual:
         return _error(400, f"this server runs the English-only model {classroom.engine.model}; start it with --model base")
     try:
         room = await classroom.create_room(name.strip(), language)
@@ -158,26 +160,30 @@ async def feed(request: web.Request) -> web.StreamResponse:
     # Subscribe before reading the history, so that nothing published in between is lost; what
     # arrives in both is sent once.
     live: asyncio.Queue[str | None] = asyncio.Queue()
-    before = await classroom.bus.subscriber_count(room.room_id)
-    task = asyncio.create_task(_collect(classroom.bus.subscribe(room.room_id), live))
-    for _ in range(100):
-        if await classroom.bus.subscriber_count(room.room_id) > before:
-            break
-        await asyncio.sleep(0.01)
-    history = await classroom.bus.history(room.room_id)
-    seen = set(history)
-    await ws.send_str(json.dumps({"type": "history", "events": [json.loads(e) for e in history]}, ensure_ascii=False))
-    roster = {"type": "roster", "room_name": room.name, "students": room.roster()}
-    await ws.send_str(json.dumps(roster, ensure_ascii=False))
-    sender = asyncio.create_task(_send(ws, live, seen))
-    try:
+    tasks: list[asyncio.Task] = []
+    try:  # whatever fails from here (the bus, the teacher closing the tab), the subscription ends
+        before = await classroom.bus.subscriber_count(room.room_id)
+        tasks.append(asyncio.create_task(_collect(classroom.bus.subscribe(room.room_id), live)))
+        for _ in range(100):
+            if await classroom.bus.subscriber_count(room.room_id) > before:
+                break
+            await asyncio.sleep(0.01)
+        history = await classroom.bus.history(room.room_id)
+        seen = set(history)
+        await ws.send_str(json.dumps({"type": "history", "events": [json.loads(e) for e in history]}, ensure_ascii=False))
+        roster = {"type": "roster", "room_name": room.name, "students": room.roster()}
+        await ws.send_str(json.dumps(roster, ensure_ascii=False))
+        tasks.append(asyncio.create_task(_send(ws, live, seen)))
         async for message in ws:  # the dashboard sends nothing we act on; this waits for close
             if message.type == WSMsgType.ERROR:
                 break
+    except (BusError, ConnectionError) as error:
+        log.warning("feed of room %s ended: %s", room.room_id, error)
+        await ws.close()
     finally:
-        for t in (task, sender):
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(task, sender, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
     return ws
 
 
@@ -224,7 +230,10 @@ async def readyz(request: web.Request) -> web.Response:
     if not await classroom.bus.ping():
         return web.json_response({"ready": False, "reason": "bus unreachable"}, status=503)
     if isinstance(classroom.worker, QueueSink):
-        workers, _rate = await classroom.worker.queue.capacity()
+        try:
+            workers, _rate = await classroom.worker.queue.capacity()
+        except (RedisError, OSError) as error:
+            return web.json_response({"ready": False, "reason": f"job queue unreachable: {error}"}, status=503)
         if workers == 0:
             return web.json_response({"ready": False, "reason": "no ASR worker is running"}, status=503)
     return web.json_response({"ready": True})

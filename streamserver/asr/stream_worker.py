@@ -39,6 +39,7 @@ class StreamWorker:
     def __init__(self, engine: Engine, queue: JobQueue, intent: IntentClassifier | None = None, max_batch: int = 16) -> None:
         self.engine, self.queue, self.intent, self.max_batch = engine, queue, intent, max_batch
         self.buffer: list[Entry] = []
+        self._in_progress: set[str] = set()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
         self._rate = 0.0  # utterances/s, smoothed: what backpressure reads
         self.ready = False  # engine loaded and Redis reachable: /readyz
@@ -91,7 +92,7 @@ class StreamWorker:
                 claimed = await self.queue.claim_orphans()
             except _REDIS_DOWN:
                 continue
-            known = {eid for eid, _ in self.buffer}
+            known = {eid for eid, _ in self.buffer} | self._in_progress
             self.buffer += [e for e in claimed if e[0] not in known]
 
     async def _loop(self) -> None:
@@ -112,6 +113,7 @@ class StreamWorker:
             await self._transcribe(batch)
 
     async def _transcribe(self, batch: list[Entry]) -> None:
+        self._in_progress = {eid for eid, _ in batch}  # not to be claimed back from ourselves
         started = time.perf_counter()
         by_language: dict[str, list[Entry]] = defaultdict(list)
         for entry in batch:
@@ -124,7 +126,12 @@ class StreamWorker:
                     self._executor, recognise, self.engine, self.intent, audios, None if language == "auto" else language
                 )
             except Exception:  # noqa: BLE001 - the job stays pending; retried up to MAX_ATTEMPTS
-                log.exception("ASR batch of %d failed", len(group))
+                if len(group) > 1:  # one bad utterance must not fail the others: each alone
+                    log.exception("ASR batch of %d failed; retrying its utterances one by one", len(group))
+                    for entry in group:
+                        await self._transcribe([entry])
+                    continue
+                log.exception("ASR of utterance %s failed", group[0][1].utterance_id)
                 await self._failed(group)
                 continue
             self.m_batches.observe(len(group))

@@ -40,6 +40,7 @@ WORKERS = "asr:workers"
 ALIVE_TTL_S = 1.0
 DONE_TTL_S = 24 * 3600
 CLAIM_MIN_IDLE_MS = 500  # two workers claiming at once: the second finds the jobs just claimed
+FORGET_IDLE_MS = 10 * 60 * 1000  # a consumer with nothing pending, silent this long, is removed
 MAX_ATTEMPTS = 3  # a job whose transcription failed this often is given up, with an event
 
 # Publish once per utterance, append to the room's history, acknowledge and delete the job:
@@ -75,7 +76,9 @@ class JobQueue:
         # that a Redis restart closed replaced at once; a job sent twice that way is still
         # published once (the done key).
         self.redis = aioredis.Redis.from_url(
-            url, decode_responses=False, socket_connect_timeout=5, socket_keepalive=True,
+            # socket_timeout: a half-open connection must fail, not hang a worker or a gateway
+            # for hours (reads block at most 200 ms by design).
+            url, decode_responses=False, socket_connect_timeout=5, socket_timeout=5, socket_keepalive=True,
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=3),
         )
         self._complete = self.redis.register_script(_COMPLETE)
@@ -95,14 +98,19 @@ class JobQueue:
         return int(await self.redis.xlen(STREAM))
 
     async def capacity(self) -> tuple[int, float]:
-        """Live workers and their summed recent throughput (utterances/s)."""
-        now = time.time()
+        """Live workers and their summed recent throughput (utterances/s). Alive = its heartbeat
+        key exists: Redis's clock decides, so hosts whose clocks disagree do not hide workers."""
+        stats = await self.redis.hgetall(WORKERS)
+        names = list(stats)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.exists(_alive_key(name.decode() if isinstance(name, bytes) else name))
+            alive = await pipe.execute() if names else []
         workers, rate = 0, 0.0
-        for raw in (await self.redis.hgetall(WORKERS)).values():
-            stats = json.loads(raw)
-            if now - stats.get("ts", 0) <= ALIVE_TTL_S * 2:
+        for name, is_alive in zip(names, alive):
+            if is_alive:
                 workers += 1
-                rate += float(stats.get("utt_per_s", 0.0))
+                rate += float(json.loads(stats[name]).get("utt_per_s", 0.0))
         return workers, rate
 
     # ---- worker side ----
@@ -145,8 +153,12 @@ class JobQueue:
             if name == self.worker or await self.redis.exists(_alive_key(name)):
                 continue
             if int(consumer["pending"]) == 0:
-                await self.redis.xgroup_delconsumer(STREAM, GROUP, name)
-                await self.redis.hdel(WORKERS, name)
+                # Forget a consumer only once it has been idle a long while: one that is just
+                # starting (or whose beat lapsed briefly) may be reading right now, and deleting
+                # a consumer throws away its pending jobs.
+                if int(consumer.get("idle", 0)) >= FORGET_IDLE_MS:
+                    await self.redis.xgroup_delconsumer(STREAM, GROUP, name)
+                    await self.redis.hdel(WORKERS, name)
                 continue
             pending = await self.redis.xpending_range(STREAM, GROUP, "-", "+", count, consumername=name)
             ids = [p["message_id"] for p in pending]
