@@ -45,6 +45,18 @@ def _log(msg: str) -> None:
 # ---------------------------------------------------------------- prepare (CPU machine)
 
 
+def transcripts(engine: Any, clips: dict[str, np.ndarray], languages: dict[str, str]) -> dict[str, str]:
+    """Text of every clip the model can take (English-only models: the English ones), one batch
+    per language: the same call on the CPU reference and on the GPU."""
+    names = [n for n in clips if engine.multilingual or languages[n] == "en"]
+    texts: dict[str, str] = {}
+    for lang in ("en", "zh"):
+        batch = [n for n in names if languages[n] == lang]
+        if batch:
+            texts.update({n: t.text for n, t in zip(batch, engine.transcribe_batch([clips[n] for n in batch], lang))})
+    return texts
+
+
 def prepare(out: Path, clip_dirs: list[Path]) -> None:
     from engines.audio import load_audio
     from engines.engine import load_engine
@@ -61,13 +73,7 @@ def prepare(out: Path, clip_dirs: list[Path]) -> None:
     reference: dict[str, Any] = {"languages": languages}
     for model in MODELS:
         for precision in ("fp32", "int8"):
-            engine = load_engine(model, precision=precision)
-            names = [n for n in clips if model == "base" or languages[n] == "en"]
-            texts = {}
-            for lang in ("en", "zh"):
-                batch = [n for n in names if languages[n] == lang]
-                if batch:
-                    texts.update({n: t.text for n, t in zip(batch, engine.transcribe_batch([clips[n] for n in batch], lang))})
+            texts = transcripts(load_engine(model, precision=precision), clips, languages)
             reference[f"{model}/{precision}"] = texts
             _log(f"CPU reference {model} {precision}: {len(texts)} clips")
     (out / "cpu-reference.json").write_text(json.dumps(reference, ensure_ascii=False, indent=1))
@@ -317,12 +323,8 @@ def run(
         report.guard(f"{model} capture", lambda: engine.decoder.capture(engine.policy.frames(16000 * 8) // 2))
 
         def equality() -> None:
-            names = [n for n in clips if model == "base" or languages[n] == "en"]
-            got = {}
-            for lang in ("en", "zh"):
-                batch = [n for n in names if languages[n] == lang]
-                if batch:
-                    got.update({n: t.text for n, t in zip(batch, engine.transcribe_batch([clips[n] for n in batch], lang))})
+            got = transcripts(engine, clips, languages)
+            names = list(got)
             alone = {n: engine.transcribe_batch([clips[n]], languages[n])[0].text for n in names}
             result = {"clips": len(names), "batched_equals_alone": sum(got[n] == alone[n] for n in names)}
             for precision in ("fp32", "int8"):

@@ -66,11 +66,27 @@ def _transcribe(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _warm_engine_and_intent(model: str, backend: str, threads: int):  # noqa: ANN202 - lazy imports
+    """The speech engine and the intent classifier, loaded and warmed up so that the first
+    student's words pay for neither; None (with the reason on stderr) when the engine cannot load."""
+    from engines.engine import load_engine
+    from engines.weights import WeightsError
+    from streamserver.intent.model import EmbeddingIntentClassifier
+
+    try:
+        engine = load_engine(model, backend, threads, progress=_progress)
+        engine.warmup()
+    except (WeightsError, BackendUnavailable, ValueError) as error:
+        _progress(f"error: {error}")
+        return None
+    intent = EmbeddingIntentClassifier()
+    intent.classify(["warm up"])
+    return engine, intent
+
+
 def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from engines.engine import load_engine
-    from engines.weights import WeightsError
     from streamserver.api.app import create_app
     from streamserver.bus import create_bus
     from streamserver.classroom import Classroom
@@ -82,16 +98,10 @@ def _serve(args: argparse.Namespace) -> int:
         threads=args.threads, ice_hosts=args.ice_host or [], ice_servers=[{"urls": [u]} for u in args.ice_server or []],
         max_students=args.max_students, public_url=args.public_url,
     )
-    try:
-        engine = load_engine(settings.model, settings.backend, settings.threads, progress=_progress)
-        engine.warmup()
-    except (WeightsError, BackendUnavailable, ValueError) as error:
-        _progress(f"error: {error}")
+    loaded = _warm_engine_and_intent(settings.model, settings.backend, settings.threads)
+    if loaded is None:
         return 2
-    from streamserver.intent.model import EmbeddingIntentClassifier
-
-    intent = EmbeddingIntentClassifier()
-    intent.classify(["warm up"])  # load the embedder now, not on the first student's words
+    engine, intent = loaded
     classroom = Classroom(settings, engine, create_bus(settings.redis_url, settings.history_len), intent)
     app = create_app(classroom)
     if args.demo_room:
@@ -134,19 +144,12 @@ def _worker(args: argparse.Namespace) -> int:
     # cores from the others (2 cores, 2 workers x 2 threads, 100 students: p99 3.4 s spinning,
     # 1.7 s not). STREAMSERVER_ORT_SPIN=1 restores the spinning process-wide pool.
     os.environ.setdefault("STREAMSERVER_ORT_SPIN", "0")
-    from engines.engine import load_engine
-    from engines.weights import WeightsError
     from streamserver.asr import worker_process
-    from streamserver.intent.model import EmbeddingIntentClassifier
 
-    try:
-        engine = load_engine(args.model, args.backend, args.threads, progress=_progress)
-        engine.warmup()
-    except (WeightsError, BackendUnavailable, ValueError) as error:
-        _progress(f"error: {error}")
+    loaded = _warm_engine_and_intent(args.model, args.backend, args.threads)
+    if loaded is None:
         return 2
-    intent = EmbeddingIntentClassifier()
-    intent.classify(["warm up"])
+    engine, intent = loaded
     worker_process.main(engine, intent, args.redis_url, args.max_batch, args.name, args.metrics_host, args.metrics_port)
     return 0
 

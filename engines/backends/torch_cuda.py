@@ -99,11 +99,14 @@ class TorchCudaEngine(Engine):
         return [(k[:n].clone(), v[:n].clone()) for k, v in static_out]
 
     def jobs(self, audios: Sequence[np.ndarray], languages: Sequence[str], prompt: str | None, tags: Sequence[object] = ()) -> list[Job]:
+        prefixes: dict[str, tuple[list[int], int]] = {}  # one tokenized prompt per language, not per utterance
         out = []
         for i, (audio, lang) in enumerate(zip(audios, languages)):
-            text_prompt = prompt if prompt is not None else DEFAULT_PROMPTS.get(lang)
-            prompt_ids = self.tokenizer.encode(" " + text_prompt.strip()) if text_prompt else None
-            prefix, sot_index = make_prefix(self.tokenizer, lang, prompt_ids)
+            if lang not in prefixes:
+                text_prompt = prompt if prompt is not None else DEFAULT_PROMPTS.get(lang)
+                prompt_ids = self.tokenizer.encode(" " + text_prompt.strip()) if text_prompt else None
+                prefixes[lang] = make_prefix(self.tokenizer, lang, prompt_ids)
+            prefix, sot_index = prefixes[lang]
             out.append(Job(prefix, sot_index, token_budget(audio.size), lang, tags[i] if tags else None))
         return out
 

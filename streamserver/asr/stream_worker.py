@@ -110,10 +110,10 @@ class StreamWorker:
             if not self.buffer:
                 continue
             batch = fair_batch(self.buffer, self.max_batch, lambda e: e[1].room_id)
+            self._in_progress = {eid for eid, _ in batch}  # not to be claimed back from ourselves
             await self._transcribe(batch)
 
     async def _transcribe(self, batch: list[Entry]) -> None:
-        self._in_progress = {eid for eid, _ in batch}  # not to be claimed back from ourselves
         started = time.perf_counter()
         by_language: dict[str, list[Entry]] = defaultdict(list)
         for entry in batch:
