@@ -160,12 +160,9 @@ class OnnxE5Embedder:
 
         f = e5_file.read()
         path = graph_path(f)
-        try:
-            session = ort_backend.new_session(str(path), self.threads)
-        except ValueError:
-            # The speech engine already sized the one process-wide pool differently: share it
-            # anyway (a second pool would fight the first for the same cores).
-            session = ort_backend.new_session(str(path), ort_backend.pool_threads() or self.threads)
+        # If the speech engine already sized the one process-wide pool, share it whatever its size
+        # (a second pool would fight the first for the same cores).
+        session = ort_backend.new_session(str(path), ort_backend.pool_threads() or self.threads)
         self._tokenizer = E5Tokenizer(f.tokenizer, f.dims.max_positions)
         self._hidden = f.dims.hidden
         self._word = f.tensors["emb.word"].reshape(f.dims.vocab, -1)
