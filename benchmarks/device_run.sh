@@ -12,7 +12,9 @@ mkdir -p "$OUT" /root/pay /root/cache
 if [ ! -d /root/pay/prep ]; then
     cat /root/stage/chunk.* | tar xf - -C /root/pay || echo "payload incomplete: continuing with what arrived"
 fi
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /root/pay/whl/*.whl 2>&1 | tail -2
+for wheel in /root/pay/whl/*.whl; do  # one at a time: a wheel cut short by a partial payload fails alone
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$wheel" > /dev/null 2>&1 || echo "not installed: $wheel"
+done
 export PYTHONPATH=/tmp/site:/root/pay/site:$PWD STREAMSERVER_CACHE=/root/cache PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 models=${*:-base tiny.en}
@@ -24,7 +26,7 @@ for m in $models; do
     esac
 done
 echo "models with weights here:$available"
-if [ -f benchmarks/trt_check.py ]; then
+if [ -f benchmarks/trt_check.py ] && [ -z "${SKIP_TRT:-}" ]; then  # SKIP_TRT=1: the bench alone
     timeout 170 python3 -m benchmarks.trt_check --models $available --workspace-gib 32 --out "$OUT/trt-rtx.json" > "$OUT/trt.log" 2>&1
     # the real builder under TensorRT-RTX (fp32: RTX builds the graph's own types only)
     timeout 60 python3 -m streamserver engine build --backend tensorrt --model tiny.en --precision fp32 >> "$OUT/trt.log" 2>&1

@@ -265,7 +265,8 @@ def inflight_sweep(engine: Any, audios: list[np.ndarray], rates: tuple[int, ...]
                 idx = list(range(nxt, last))
                 nxt = last
                 jobs = [replace(templates[picks[i]], tag=i, result=None) for i in idx]
-                dec.submit(engine.encode([audios[picks[i]] for i in idx], frames), jobs)
+                cross_kv, ready = engine.encode([audios[picks[i]] for i in idx], frames)
+                dec.submit(cross_kv, jobs, ready)
             if not dec.busy:
                 if nxt < n:
                     time.sleep(max(0.0, min(arrivals[nxt] - now, 0.001)))
@@ -284,6 +285,60 @@ def inflight_sweep(engine: Any, audios: list[np.ndarray], rates: tuple[int, ...]
         out.append(row)
         if row["p99_ms"] > 4 * P99_BOUND_MS and len(out) > 1 and out[-2]["p99_ms"] > P99_BOUND_MS:
             break  # two rates past the bound: higher rates only queue longer
+    return out
+
+
+def phases(engine: Any, audios: list[np.ndarray], language: str, trace: Path | None) -> dict[str, Any]:
+    """Where one batch's time goes: each phase of transcribe_batch run on its own and waited for
+    (so the sum is a little over the pipelined whole), the decoder's step count, and with `trace`
+    a kernel table of the whole batch from torch.profiler (kernels inside CUDA graphs included)."""
+    import torch
+
+    from engines.engine import MIN_VOICED_SECONDS
+    from engines.voicing import has_voicing
+
+    def clock(fn: Callable[[], Any]) -> tuple[float, Any]:
+        _sync()
+        start = time.perf_counter()
+        value = fn()
+        _sync()
+        return round((time.perf_counter() - start) * 1000, 2), value
+
+    out: dict[str, Any] = {"batch": len(audios)}
+    frames = engine.policy.frames(max(a.size for a in audios))
+    out["voicing_ms"], _ = clock(lambda: [has_voicing(a, MIN_VOICED_SECONDS) for a in audios])
+    out["log_mel_ms"], mel = clock(lambda: engine.mel(audios, frames, engine.policy.pad_value))
+    graphed = engine.whisper.device.type == "cuda" and len(audios) <= 64
+    out["encoder_ms"], cross_kv = clock(lambda: engine._encode_graph(mel) if graphed else engine.whisper.encode(mel))
+    out["log_mel_and_encoder_ms"], (cross_kv, ready) = clock(lambda: engine.encode(audios, frames))
+    jobs = engine.jobs(audios, [language] * len(audios), None)
+    dec = engine.decoder
+    steps = 0
+
+    def decode() -> None:
+        nonlocal steps
+        dec.submit(cross_kv, jobs, ready)
+        waiting = {id(j) for j in jobs}
+        while waiting:
+            steps += 1
+            for job in dec.run_once():
+                waiting.discard(id(job))
+
+    out["decode_ms"], _ = clock(decode)
+    out["steps"] = steps
+    out["finish_ms"], _ = clock(lambda: [engine._finish(j.result, frames) for j in jobs])
+    out["total_ms"], _ = clock(lambda: engine.transcribe_batch(audios, language))
+    if trace is not None:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            engine.transcribe_batch(audios, language)
+            _sync()
+        kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        out["kernels"] = sum(e.count for e in kernels)
+        out["kernel_ms"] = round(sum(e.self_device_time_total for e in kernels) / 1000, 2)
+        trace.write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=90))
+    _log(f"phases {out}")
     return out
 
 
@@ -336,6 +391,13 @@ def run(
             _log(f"{model} equality: {json.dumps({k: v for k, v in result.items() if not k.startswith('diff')})}")
 
         report.guard(f"{model} equality", equality)
+
+        for batch in (1, 64):
+            audios = [clips[three]] if batch == 1 else [clips[english[i % len(english)]] for i in range(batch)]
+            trace = out_path.parent / f"kernels-{model}-b{batch}.txt"
+            report.data.setdefault("phases", {}).setdefault(model, {})[str(batch)] = report.guard(
+                f"{model} phases {batch}", lambda: phases(engine, audios, "en", trace))
+            report.save()
 
         for batch in batches:
             audios = [clips[three]] if batch == 1 else [clips[english[i % len(english)]] for i in range(batch)]

@@ -10,8 +10,9 @@ are kept at the front (a finished slot is refilled by moving the last one into i
 for n active slots runs as a CUDA graph captured for the smallest bucket >= n: replaying a graph
 costs a few microseconds where launching its ~200 kernels one by one costs milliseconds.
 
-The prompt and task tokens go through the same one-token step as forced tokens: decoding.py on
-the CPU feeds them in one multi-token call, which is the same arithmetic.
+The prompt and task tokens are fed in one multi-token pass when an utterance takes its slot
+(as decoding.py does on the CPU), all but the last: the first step feeds that one and yields the
+first free token. One pass instead of 3-20 steps of ~200 kernels each.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 
 from engines.decoding import MAX_PROMPT_TOKENS, Decoded
 from engines.tokenizer import WhisperTokenizer
-from engines.torch_whisper import TorchWhisper
+from engines.torch_whisper import TorchWhisper, to_device
 
 MAX_TOKENS = 224  # generated tokens a slot can hold (the engine's MAX_SAMPLE_LEN)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -87,8 +88,9 @@ class InflightDecoder:
         self.jobs: list[Job | None] = [None] * slots  # the job in each slot
         self.active = 0  # slots [0, active) are stepped: running ones and finished ones not yet compacted
         self.live = 0  # how many of them are still running
-        self._flags: list[tuple[Any, Any, int]] = []  # finished flags of launched steps, not yet read
-        self.pending: deque[tuple[list[tuple[torch.Tensor, torch.Tensor]], list[Job]]] = deque()
+        self._flags: list[_Flags] = []  # finished flags of launched steps, not yet read
+        self._slot_of: dict[int, int] = {}  # id(job) -> the slot it holds now
+        self.pending: deque[tuple[list[tuple[torch.Tensor, torch.Tensor]], list[Job], Any]] = deque()
         self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         # torch.compile fuses the step's ~200 small kernels (layer norms, masks, the greedy rules)
         # into few: inside a CUDA graph each kernel still costs ~2.5 us, which made a base step
@@ -186,14 +188,16 @@ class InflightDecoder:
 
     # ---- slots: admit, finish, compact (host side, between steps) ----
 
-    def submit(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job]) -> None:
-        """Queue encoded utterances: cross_kv per decoder layer [len(jobs), H, ctx, hd], one row per job."""
+    def submit(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job], ready: Any = None) -> None:
+        """Queue encoded utterances: cross_kv per decoder layer [len(jobs), H, ctx, hd], one row per job.
+        `ready`: a CUDA event the encoder recorded on its own stream; decoding waits for it on the
+        GPU, not the host, so the encoder of new arrivals overlaps with the steps of running ones."""
         if cross_kv[0][0].shape[0] != len(jobs):
             raise ValueError(f"{cross_kv[0][0].shape[0]} encoder rows for {len(jobs)} jobs")
         for job in jobs:
             if len(job.prefix) + job.budget > self.prefix.shape[1]:
                 raise ValueError(f"prefix of {len(job.prefix)} + budget {job.budget} is over {self.prefix.shape[1]} positions")
-        self.pending.append((cross_kv, list(jobs)))
+        self.pending.append((cross_kv, list(jobs), ready))
 
     @property
     def busy(self) -> bool:
@@ -204,10 +208,12 @@ class InflightDecoder:
         if self.pending and self.active > self.live:
             self._compact()  # new utterances go after the running ones
         while self.pending and self.active < self.slots:
-            cross_kv, jobs = self.pending[0]
+            cross_kv, jobs, ready = self.pending[0]
+            if ready is not None:
+                torch.cuda.current_stream().wait_event(ready)
             take = min(len(jobs), self.slots - self.active)
             if take < len(jobs):  # the rest waits for the next free slots
-                self.pending[0] = ([(k[take:], v[take:]) for k, v in cross_kv], jobs[take:])
+                self.pending[0] = ([(k[take:], v[take:]) for k, v in cross_kv], jobs[take:], None)
                 cross_kv, jobs = [(k[:take], v[:take]) for k, v in cross_kv], jobs[:take]
             else:
                 self.pending.popleft()
@@ -223,20 +229,50 @@ class InflightDecoder:
         for j, job in enumerate(jobs):
             prefix[j, : len(job.prefix)] = job.prefix
         block = slice(start, start + take)
-        self.prefix[block] = torch.from_numpy(prefix).to(dev)
-        self.token[block] = torch.from_numpy(prefix[:, 0]).to(dev)
+        self.prefix[block] = to_device(prefix, dev)
+        self.token[block] = self.prefix[block, 0]
         self.cross_len[block] = ctx
         for name, values in (("prefix_len", [len(j.prefix) for j in jobs]), ("sot_pos", [j.sot_index for j in jobs]),
                              ("budget", [j.budget for j in jobs])):
-            getattr(self, name)[block] = torch.tensor(values, device=dev)
+            getattr(self, name)[block] = to_device(values, dev)
         for t in (self.pos, self.n_out, self.logprob, self.no_speech, self.done, self.hit_budget):
             t[block] = 0
+        self._prefill(start, cross_kv, jobs)
         self.jobs[block] = jobs
+        self._slot_of.update((id(job), start + j) for j, job in enumerate(jobs))
         self.active += take
         self.live += take
         # Upper bounds over the active slots, for the buckets a step reads (reset when all leave).
         self._max_ctx = max(self._max_ctx, ctx)
         self._max_pos = max(self._max_pos, max(len(j.prefix) + j.budget for j in jobs))
+
+    def _prefill(self, start: int, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job]) -> None:
+        """Run all forced tokens but the last in one pass per distinct prefix, and leave each slot
+        at its last forced token: the next step feeds it and yields the first free token. The
+        no-speech probability is read from this pass when <|startoftranscript|> is in it."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for j, job in enumerate(jobs):
+            groups.setdefault(tuple(job.prefix), []).append(j)
+        dev, tok = self.model.device, self.tok
+        for prefix, members in groups.items():
+            L = len(prefix) - 1
+            if L < 1:
+                continue  # a one-token prefix: the step feeds it from position 0
+            whole = len(members) == len(jobs)
+            index = to_device(members, dev)
+            rows = slice(start, start + len(jobs)) if whole else index + start
+            group_kv = cross_kv if whole else [(k[index], v[index]) for k, v in cross_kv]
+            sot = jobs[members[0]].sot_index
+            tokens = to_device(list(prefix[:L]), dev)[None, :].expand(len(members), L)
+            kv, logits = self.model.prefill(tokens, group_kv, sot if sot < L else None)
+            for (k, v), (nk, nv) in zip(self.self_kv, kv):
+                k[rows, :, :L] = nk
+                v[rows, :, :L] = nv
+            self.pos[rows] = L
+            self.token[rows] = prefix[L]
+            if logits is not None:
+                self.no_speech[rows] = torch.softmax(logits, dim=-1)[:, tok.no_speech]
+                self.sot_pos[rows] = -1  # read here, not by a step
 
     _max_ctx = 0
     _max_pos = 0  # ... and of the positions any of them can reach
@@ -249,7 +285,7 @@ class InflightDecoder:
         movers = [s for s in range(self.live, self.active) if self.jobs[s] is not None]
         if holes:
             dev = self.model.device
-            src, dst = torch.tensor(movers, device=dev), torch.tensor(holes, device=dev)
+            src, dst = to_device(movers, dev), to_device(holes, dev)
             ctx, positions = self._max_ctx, self._max_pos
             for k, v in self.cross_kv:
                 k[dst, :, :ctx] = k[src, :, :ctx]
@@ -262,6 +298,7 @@ class InflightDecoder:
                 t[dst] = t[src]
             for h, m in zip(holes, movers):
                 self.jobs[h], self.jobs[m] = self.jobs[m], None
+                self._slot_of[id(self.jobs[h])] = h
         self.active = self.live
 
     def run_once(self) -> list[Job]:
@@ -271,14 +308,15 @@ class InflightDecoder:
         On a GPU the host does not wait for the step it launched: it reads the finished flags of
         the step before (copied to pinned memory behind it), so launching step k+1 overlaps with
         the GPU running step k. A slot that finished keeps being stepped, masked as done, until
-        its flags are read one step later. Compaction and admission move slots, so they first
-        read every outstanding flag."""
+        its flags are read. Compaction and admission act on what the host knows and are queued
+        behind the running step: they never wait for it. Each flag record keeps the jobs its
+        step saw, so a record read after slots moved still names the right jobs."""
         finished: list[Job] = []
         shrink = self.active > self.live and _bucket(self.live or 1, BATCH_BUCKETS) < _bucket(self.active, BATCH_BUCKETS)
-        if shrink or self.pending:
-            finished += self._drain()
-            if self.active > self.live and (self.pending or shrink):
-                self._compact()
+        full = bool(self.pending) and self.active >= self.slots
+        if (shrink or full) and self.active > self.live:
+            self._compact()
+        if self.pending:
             self._admit()
         if not self.live:
             return finished + self._drain()
@@ -289,7 +327,7 @@ class InflightDecoder:
             finished += self._read_flags(self._flags.pop(0))
         return finished
 
-    def _copy_flags(self, n: int) -> tuple[Any, dict[str, torch.Tensor], int]:
+    def _copy_flags(self, n: int) -> "_Flags":
         """This step's finished flags and every result a finished slot needs (tokens, counts,
         log-probabilities, no-speech probabilities), copied behind the step: reading them later
         never waits for a step still running. ~0.5 MB at 256 slots."""
@@ -298,29 +336,29 @@ class InflightDecoder:
             "no_speech": self.no_speech[:n], "hit": self.hit_budget[:n],
         }
         if not self.graphs:
-            return None, {k: v.cpu() for k, v in sources.items()}, n
+            return _Flags(None, {k: v.cpu() for k, v in sources.items()}, self.jobs[:n])
         host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in sources.items()}
         for k, v in sources.items():
             host[k].copy_(v, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return event, host, n
+        return _Flags(event, host, self.jobs[:n])
 
-    def _read_flags(self, flags: tuple[Any, dict[str, torch.Tensor], int]) -> list[Job]:
-        event, host, n = flags
-        if event is not None:
-            event.synchronize()
+    def _read_flags(self, flags: "_Flags") -> list[Job]:
+        if flags.event is not None:
+            flags.event.synchronize()
+        host = flags.host
         done = host["done"].numpy()
-        finished = [s for s in np.flatnonzero(done) if s < self.active and self.jobs[s] is not None]
         out, n_out = host["out"].numpy(), host["n_out"].numpy()
         logprob, no_speech, hit = host["logprob"].numpy(), host["no_speech"].numpy(), host["hit"].numpy()
         jobs = []
-        for s in finished:
-            job = self.jobs[s]
-            assert job is not None
+        for s in np.flatnonzero(done):
+            job = flags.jobs[s]
+            if job is None or job.result is not None:  # an empty slot, or reported by an earlier record
+                continue
             tokens = out[s, : int(n_out[s])].tolist()
             job.result = Decoded(tokens, job.language, float(no_speech[s]), float(logprob[s] / (len(tokens) + 1)), bool(hit[s]))
-            self.jobs[s] = None
+            self.jobs[self._slot_of.pop(id(job))] = None
             jobs.append(job)
         self.live -= len(jobs)
         if not self.live:
@@ -334,14 +372,24 @@ class InflightDecoder:
             finished += self._read_flags(self._flags.pop(0))
         return finished
 
-    def run(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job]) -> list[Job]:
+    def run(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job], ready: Any = None) -> list[Job]:
         """Decode these jobs to the end (with whatever else is in flight); returned in input order."""
-        self.submit(cross_kv, jobs)
+        self.submit(cross_kv, jobs, ready)
         waiting = {id(j) for j in jobs}
         while waiting:
             for job in self.run_once():
                 waiting.discard(id(job))
         return jobs
+
+
+@dataclass
+class _Flags:
+    """What one step left for the host: an event that says its copies are done, the copies, and
+    the job in each slot when the step was launched."""
+
+    event: Any
+    host: dict[str, torch.Tensor]
+    jobs: list[Job | None]
 
 
 def make_prefix(tok: WhisperTokenizer, language: str, prompt: list[int] | None) -> tuple[list[int], int]:

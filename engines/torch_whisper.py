@@ -31,6 +31,11 @@ class GpuLogMel:
         self.device = device
         self.window = torch.hann_window(N_FFT, periodic=True, device=device)
         self.filters = torch.from_numpy(np.array(mel_filterbank(), np.float32)).to(device)  # [80, 201]
+        # Two pinned host buffers used in turn, each guarded by the event of its last copy: the
+        # copy then runs without blocking the host, and the host never overwrites samples the
+        # GPU has not read yet. (A pageable copy of 64 x 4 s waited on every queued decode step.)
+        self._staging: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
+        self._turn = 0
 
     @torch.inference_mode()
     def __call__(self, audios: list[np.ndarray], n_frames: int, fill: float | None) -> torch.Tensor:
@@ -39,7 +44,7 @@ class GpuLogMel:
         length = (n_frames + 2) * HOP_LENGTH
         # One transfer of just the samples (a zero-padded host batch of 64 x 10 s cost ~17 ms to
         # build and send), then each clip is placed into a zeroed batch on the device.
-        flat = torch.from_numpy(np.concatenate([np.asarray(a, np.float32) for a in audios])).to(self.device)
+        flat = self._upload([np.asarray(a, np.float32) for a in audios])
         signal = torch.zeros(len(audios), length, device=self.device)
         offset = 0
         for i, a in enumerate(audios):
@@ -52,10 +57,40 @@ class GpuLogMel:
         out = (torch.maximum(log_spec[:, :, :n_frames], top - _DYNAMIC_RANGE) + 4.0) / 4.0
         if fill is not None:
             # Frames from ceil(n / 160) + 1 on hold no audio: faster-whisper's constant there.
-            first = torch.tensor([-(-a.size // HOP_LENGTH) + 1 for a in audios], device=self.device)
+            first = to_device([-(-a.size // HOP_LENGTH) + 1 for a in audios], self.device)
             after = torch.arange(n_frames, device=self.device)[None, :] >= first[:, None]
             out = out.masked_fill(after[:, None, :], fill)
         return out
+
+
+    def _upload(self, audios: list[np.ndarray]) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return torch.from_numpy(np.concatenate(audios))
+        total = sum(a.size for a in audios)
+        if len(self._staging) < 2:
+            self._staging.append((torch.empty(0, pin_memory=True), None))
+        buffer, copied = self._staging[self._turn]
+        if copied is not None:
+            copied.synchronize()
+        if buffer.numel() < total:
+            buffer = torch.empty(max(total, 2 * buffer.numel()), pin_memory=True)
+        np.concatenate(audios, out=buffer.numpy()[:total])
+        flat = buffer[:total].to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._staging[self._turn] = (buffer, event)
+        self._turn = 1 - self._turn
+        return flat
+
+
+def to_device(values: "np.ndarray | list[int]", device: torch.device) -> torch.Tensor:
+    """Host values on the device without waiting: torch.tensor(..., device="cuda") synchronises
+    the stream, which would make the host wait for every decoder step already queued. Through
+    pinned memory the copy is queued like a kernel (PyTorch keeps the pinned block until it ran)."""
+    t = torch.from_numpy(np.asarray(values, dtype=np.int64) if isinstance(values, list) else values)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass
@@ -185,6 +220,32 @@ class TorchWhisper:
             x = x + F.linear(_attend(cq, ck, cv, cross_mask), l.co_w, l.co_b)
             x = x + self._mlp(x, l)
         return F.linear(self._ln(x[:, 0], self.decoder_norm), self.embed).float()
+
+
+    @torch.inference_mode()
+    def prefill(
+        self, tokens: torch.Tensor, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], at: int | None
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]:
+        """The forced tokens of utterances sharing a prefix, all positions in one pass (as the CPU
+        decoder feeds them): tokens [B, L], cross_kv per layer [B, H, C, hd] (every row C long).
+        Returns per layer the self-attention (K, V) [B, H, L, hd] for the slot caches, and the fp32
+        logits [B, vocab] at position `at` (where the no-speech probability is read), if asked.
+        Three to 20 one-token steps become one pass of ~100 kernels."""
+        L = tokens.shape[1]
+        x = self.embed[tokens] + self.text_pos[:L]
+        kv = []
+        for l, (ck, cv) in zip(self.decoder_layers, cross_kv):
+            q, k, v = (self._heads(t) for t in F.linear(self._ln(x, l.ln1), l.qkv_w, l.qkv_b).chunk(3, dim=-1))
+            kv.append((k, v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + F.linear(a.transpose(1, 2).flatten(2), l.out_w, l.out_b)
+            cq = self._heads(F.linear(self._ln(x, l.ln_cross), l.cq_w, l.cq_b))
+            c = F.scaled_dot_product_attention(cq, ck, cv)
+            x = x + F.linear(c.transpose(1, 2).flatten(2), l.co_w, l.co_b)
+            x = x + self._mlp(x, l)
+        if at is None:
+            return kv, None
+        return kv, F.linear(self._ln(x[:, at], self.decoder_norm), self.embed).float()
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -74,3 +74,24 @@ def test_bad_sizes_are_refused():
     engine = _torch_engine("tiny.en")
     with pytest.raises(ValueError):
         InflightDecoder(engine.whisper, engine.tokenizer, slots=3)  # not a batch bucket
+
+
+def test_prompted_prefixes_of_two_languages_share_a_batch(clips):
+    """base: a Mandarin prefix (with its default prompt) and an English one are prefilled as two
+    groups of one admitted batch; each gives the tokens it gives alone and the CPU fp32 text."""
+    torch.set_num_threads(2)
+    engine = _torch_engine("base")
+    ref = load_engine("base", precision="fp32")
+    audios, languages = clips[:2], ["zh", "en"]
+    alone = [engine.transcribe_batch([a], lang)[0] for a, lang in zip(audios, languages)]
+    expected = [ref.transcribe_batch([a], lang)[0] for a, lang in zip(audios, languages)]
+    assert [t.text for t in alone] == [t.text for t in expected]
+    for a, b in zip(alone, expected):
+        assert abs(a.no_speech_prob - b.no_speech_prob) < 1e-3
+    frames = engine.policy.frames(max(a.size for a in audios))
+    jobs = engine.jobs(audios, languages, None)
+    assert len({len(j.prefix) for j in jobs}) == 2  # the prompt makes the Mandarin prefix longer
+    cross_kv, ready = engine.encode(audios, frames)
+    engine.decoder.run(cross_kv, jobs, ready)
+    texts = [engine._finish(j.result, frames).text for j in jobs]
+    assert texts == [t.text for t in alone]

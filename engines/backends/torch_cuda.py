@@ -30,7 +30,7 @@ from engines.engine import DEFAULT_PROMPTS, Engine, Transcript, token_budget
 from engines.inflight import InflightDecoder, Job, make_prefix
 from engines.policy import EncoderPolicy
 from engines.tokenizer import WhisperTokenizer
-from engines.torch_whisper import GpuLogMel, TorchWhisper
+from engines.torch_whisper import GpuLogMel, TorchWhisper, to_device
 from engines.weights import Weights
 
 
@@ -63,17 +63,32 @@ class TorchCudaEngine(Engine):
         compile_step = device.type == "cuda" and os.environ.get("STREAMSERVER_TORCH_COMPILE", "1") != "0"
         self.decoder = InflightDecoder(self.whisper, tokenizer, slots=slots, compile=compile_step)
         self._encoders: dict[tuple[int, int], tuple["torch.cuda.CUDAGraph", "torch.Tensor", list]] = {}
+        # The encoder runs on a stream of its own, so that encoding new arrivals fills the SMs the
+        # decoder's small step kernels leave idle; its graphs get their own memory pool, since
+        # graphs that share a pool must never run at the same time.
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._encoder_pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
 
     @property
     def backend_name(self) -> str:
         return "torch-cuda"
 
-    def encode(self, audios: Sequence[np.ndarray], n_frames: int) -> list[tuple["torch.Tensor", "torch.Tensor"]]:
-        """Log-mel and encoder for utterances sharing an encoder length: per layer (K, V) [B, H, ctx, hd]."""
-        mel = self.mel(list(audios), n_frames, self.policy.pad_value)
-        if self.whisper.device.type != "cuda" or len(audios) > ENCODER_BUCKETS[-1]:
-            return self.whisper.encode(mel)
-        return self._encode_graph(mel)
+    def encode(self, audios: Sequence[np.ndarray], n_frames: int) -> tuple[list[tuple["torch.Tensor", "torch.Tensor"]], object]:
+        """Log-mel and encoder for utterances sharing an encoder length: per layer (K, V) [B, H, ctx, hd],
+        and the CUDA event that says they are ready (None on the CPU). Pass both to the decoder's
+        submit(): the host never waits for the encoder."""
+        if self._stream is None:
+            return self.whisper.encode(self.mel(list(audios), n_frames, self.policy.pad_value)), None
+        main = torch.cuda.current_stream()
+        with torch.cuda.stream(self._stream):
+            mel = self.mel(list(audios), n_frames, self.policy.pad_value)
+            cross_kv = self._encode_graph(mel) if len(audios) <= ENCODER_BUCKETS[-1] else self.whisper.encode(mel)
+            ready = torch.cuda.Event()
+            ready.record()
+        for k, v in cross_kv:  # used on the main stream: not to be reused before it has read them
+            k.record_stream(main)
+            v.record_stream(main)
+        return cross_kv, ready
 
     def _encode_graph(self, mel: "torch.Tensor") -> list[tuple["torch.Tensor", "torch.Tensor"]]:
         """The encoder as a CUDA graph per (batch bucket, frames): eager, its ~100 kernel launches
@@ -83,13 +98,9 @@ class TorchCudaEngine(Engine):
         entry = self._encoders.get((size, frames))
         if entry is None:
             static_in = torch.zeros(size, mel.shape[1], frames, device=mel.device)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self.whisper.encode(static_in)  # warm-up outside the capture
-            torch.cuda.current_stream().wait_stream(stream)
+            self.whisper.encode(static_in)  # warm-up outside the capture (on the encoder's stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.decoder._pool):
+            with torch.cuda.graph(graph, pool=self._encoder_pool, stream=self._stream):
                 static_out = self.whisper.encode(static_in)
             entry = self._encoders[(size, frames)] = (graph, static_in, static_out)
         graph, static_in, static_out = entry
@@ -122,7 +133,7 @@ class TorchCudaEngine(Engine):
                 self_kv, cross_kv, torch.full((n,), cross_kv[0][0].shape[2], device=dev, dtype=torch.long),
             )
         codes = list(tok.languages)
-        ids = torch.tensor([tok.languages[c] for c in codes], device=dev)
+        ids = to_device([tok.languages[c] for c in codes], dev)
         return [codes[i] for i in logits[:, ids].argmax(dim=1).tolist()]
 
     def _run(self, audios: Sequence[np.ndarray], frames: list[int], language: str | None, prompt: str | None) -> list[Transcript]:
@@ -132,15 +143,17 @@ class TorchCudaEngine(Engine):
             by_frames[f].append(i)
         submitted: list[tuple[Job, int]] = []
         for n_frames, rows in by_frames.items():
-            cross_kv = self.encode([audios[i] for i in rows], n_frames)
+            cross_kv, ready = self.encode([audios[i] for i in rows], n_frames)
             if not self.multilingual:
                 languages = ["en"] * len(rows)
             elif language is None:
+                if ready is not None:
+                    torch.cuda.current_stream().wait_event(ready)
                 languages = self.detect_languages(cross_kv)
             else:
                 languages = [language] * len(rows)
             jobs = self.jobs([audios[i] for i in rows], languages, prompt, tags=[n_frames] * len(rows))
-            self.decoder.submit(cross_kv, jobs)
+            self.decoder.submit(cross_kv, jobs, ready)
             submitted += list(zip(jobs, rows))
         waiting = {id(job) for job, _ in submitted}
         while waiting:  # the decoder may also carry other callers' utterances
