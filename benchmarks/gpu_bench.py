@@ -326,6 +326,19 @@ def phases(engine: Any, audios: list[np.ndarray], language: str, trace: Path | N
 
     out["decode_ms"], _ = clock(decode)
     out["steps"] = steps
+    # The step's own GPU time (its graph replayed back to back, every slot finished and masked):
+    # decode_ms / steps above it is what the host loop, admission and the prefill add.
+    key = next((k for k in dec._graphs if k[0] >= len(audios)), None)
+    if key is not None:
+        graph = dec._graphs[key]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _sync()
+        start.record()
+        for _ in range(50):
+            graph.replay()
+        end.record()
+        _sync()
+        out["step_graph"] = {"bucket": list(key), "ms": round(start.elapsed_time(end) / 50, 3)}
     out["finish_ms"], _ = clock(lambda: [engine._finish(j.result, frames) for j in jobs])
     out["total_ms"], _ = clock(lambda: engine.transcribe_batch(audios, language))
     if trace is not None:

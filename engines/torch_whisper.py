@@ -15,9 +15,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engines.features import HOP_LENGTH, N_FFT, N_FRAMES, mel_filterbank
 from engines.weights import Weights
+
+# Attention kernels for the eager passes (encoder, prefill, language detection), whose batch
+# and length change from call to call: cuDNN's attention builds an execution plan for every new
+# shape (~0.1 s on the H200), which stalled in-flight admission; these kernels need no plan.
+EAGER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 _LOG_FLOOR = 1e-10
 _DYNAMIC_RANGE = 8.0
@@ -177,6 +183,7 @@ class TorchWhisper:
         return F.linear(h, l.fc2_w, l.fc2_b)
 
     @torch.inference_mode()
+    @sdpa_kernel(EAGER_ATTENTION)
     def encode(self, mel: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """mel [B, 80, frames] -> per decoder layer the cross-attention (K, V), each [B, H, frames/2, hd]."""
         x = F.gelu(F.conv1d(mel.to(self.dtype), *self.conv1, padding=1))
@@ -223,6 +230,7 @@ class TorchWhisper:
 
 
     @torch.inference_mode()
+    @sdpa_kernel(EAGER_ATTENTION)
     def prefill(
         self, tokens: torch.Tensor, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], at: int | None
     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]:

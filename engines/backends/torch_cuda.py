@@ -26,11 +26,13 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the install
     raise BackendUnavailable("the torch-cuda backend needs PyTorch: pip install 'streamserver[gpu]'") from error
 
+from torch.nn.attention import sdpa_kernel
+
 from engines.engine import DEFAULT_PROMPTS, Engine, Transcript, token_budget
 from engines.inflight import InflightDecoder, Job, make_prefix
 from engines.policy import EncoderPolicy
 from engines.tokenizer import WhisperTokenizer
-from engines.torch_whisper import GpuLogMel, TorchWhisper, to_device
+from engines.torch_whisper import EAGER_ATTENTION, GpuLogMel, TorchWhisper, to_device
 from engines.weights import Weights
 
 
@@ -126,7 +128,7 @@ class TorchCudaEngine(Engine):
         w, tok = self.whisper, self.tokenizer
         n = cross_kv[0][0].shape[0]
         dev = w.device
-        with torch.inference_mode():
+        with torch.inference_mode(), sdpa_kernel(EAGER_ATTENTION):
             self_kv = [tuple(torch.zeros(n, w.n_heads, 1, w.head_dim, device=dev, dtype=w.dtype) for _ in "kv") for _ in cross_kv]
             logits = w.step(
                 torch.full((n,), tok.sot, device=dev, dtype=torch.long), torch.zeros(n, device=dev, dtype=torch.long),
