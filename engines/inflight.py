@@ -105,9 +105,8 @@ class InflightDecoder:
         m, tok = self.model, self.tok
         rows = self.rows[:n]
         token, pos, done = self.token[:n], self.pos[:n], self.done[:n]
-        self_kv = [(k[:n, :, :positions], v[:n, :, :positions]) for k, v in self.self_kv]
         cross_kv = [(k[:n, :, :context], v[:n, :, :context]) for k, v in self.cross_kv]
-        logits = m.step(token, pos, self_kv, cross_kv, self.cross_len[:n])
+        logits = m.step(token, pos, self.self_kv, cross_kv, self.cross_len[:n], positions)
         # The no-speech probability: softmax of the raw logits after <|startoftranscript|>.
         at_sot = pos == self.sot_pos[:n]
         p_none = torch.softmax(logits, dim=-1)[:, tok.no_speech]
@@ -210,6 +209,8 @@ class InflightDecoder:
         while self.pending and self.active < self.slots:
             cross_kv, jobs, ready = self.pending[0]
             if ready is not None:
+                if self.live and not ready.query():
+                    break  # still encoding: the running slots step on meanwhile, not wait for it
                 torch.cuda.current_stream().wait_event(ready)
             take = min(len(jobs), self.slots - self.active)
             if take < len(jobs):  # the rest waits for the next free slots
