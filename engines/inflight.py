@@ -99,7 +99,7 @@ class InflightDecoder:
         self.live = 0  # how many of them are still running
         self._flags: list[_Flags] = []  # finished flags of launched steps, not yet read
         self._slot_of: dict[int, int] = {}  # id(job) -> the slot it holds now
-        self.pending: deque[tuple[list[tuple[torch.Tensor, torch.Tensor]], list[Job], Any]] = deque()
+        self.pending: deque[tuple[list[tuple[torch.Tensor, torch.Tensor]], list[Job], Any, Prefilled | None]] = deque()
         self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         # torch.compile fuses the step's ~200 small kernels (layer norms, masks, the greedy rules)
         # into few: inside a CUDA graph each kernel still costs ~2.5 us, which made a base step
@@ -198,16 +198,20 @@ class InflightDecoder:
 
     # ---- slots: admit, finish, compact (host side, between steps) ----
 
-    def submit(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job], ready: Any = None) -> None:
+    def submit(
+        self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job], ready: Any = None,
+        prefilled: "Prefilled | None" = None,
+    ) -> None:
         """Queue encoded utterances: cross_kv per decoder layer [len(jobs), H, ctx, hd], one row per job.
         `ready`: a CUDA event the encoder recorded on its own stream; decoding waits for it on the
-        GPU, not the host, so the encoder of new arrivals overlaps with the steps of running ones."""
+        GPU, not the host, so the encoder of new arrivals overlaps with the steps of running ones.
+        `prefilled`: their forced tokens' pass, if the encoder ran it (else it runs at admission)."""
         if cross_kv[0][0].shape[0] != len(jobs):
             raise ValueError(f"{cross_kv[0][0].shape[0]} encoder rows for {len(jobs)} jobs")
         for job in jobs:
             if len(job.prefix) + job.budget > self.prefix.shape[1]:
                 raise ValueError(f"prefix of {len(job.prefix)} + budget {job.budget} is over {self.prefix.shape[1]} positions")
-        self.pending.append((cross_kv, list(jobs), ready))
+        self.pending.append((cross_kv, list(jobs), ready, prefilled))
 
     @property
     def busy(self) -> bool:
@@ -218,20 +222,22 @@ class InflightDecoder:
         if self.pending and self.active > self.live:
             self._compact()  # new utterances go after the running ones
         while self.pending and self.active < self.slots:
-            cross_kv, jobs, ready = self.pending[0]
+            cross_kv, jobs, ready, prefilled = self.pending[0]
             if ready is not None:
                 if self.live and not ready.query():
                     break  # still encoding: the running slots step on meanwhile, not wait for it
                 torch.cuda.current_stream().wait_event(ready)
             take = min(len(jobs), self.slots - self.active)
             if take < len(jobs):  # the rest waits for the next free slots
-                self.pending[0] = ([(k[take:], v[take:]) for k, v in cross_kv], jobs[take:], None)
+                rest = prefilled.rows(slice(take, None)) if prefilled else None
+                self.pending[0] = ([(k[take:], v[take:]) for k, v in cross_kv], jobs[take:], None, rest)
                 cross_kv, jobs = [(k[:take], v[:take]) for k, v in cross_kv], jobs[:take]
+                prefilled = prefilled.rows(slice(None, take)) if prefilled else None
             else:
                 self.pending.popleft()
-            self._place(cross_kv, jobs)
+            self._place(cross_kv, jobs, prefilled)
 
-    def _place(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job]) -> None:
+    def _place(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job], prefilled: "Prefilled | None" = None) -> None:
         start, take, dev = self.active, len(jobs), self.model.device
         ctx = cross_kv[0][0].shape[2]
         for (k, v), (jk, jv) in zip(self.cross_kv, cross_kv):
@@ -249,7 +255,7 @@ class InflightDecoder:
             getattr(self, name)[block] = to_device(values, dev)
         for t in (self.pos, self.n_out, self.logprob, self.no_speech, self.done, self.hit_budget):
             t[block] = 0
-        self._prefill(start, cross_kv, jobs)
+        self._prefill(start, cross_kv, jobs, prefilled)
         self.jobs[block] = jobs
         self._slot_of.update((id(job), start + j) for j, job in enumerate(jobs))
         self.active += take
@@ -258,10 +264,15 @@ class InflightDecoder:
         self._max_ctx = max(self._max_ctx, ctx)
         self._max_pos = max(self._max_pos, max(len(j.prefix) + j.budget for j in jobs))
 
-    def _prefill(self, start: int, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job]) -> None:
+    def _prefill(
+        self, start: int, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job], prefilled: "Prefilled | None"
+    ) -> None:
         """Run all forced tokens but the last in one pass per distinct prefix, and leave each slot
         at its last forced token: the next step feeds it and yields the first free token. The
         no-speech probability is read from this pass when <|startoftranscript|> is in it."""
+        if prefilled is not None and all(tuple(j.prefix) == prefilled.prefix for j in jobs):
+            self._write_prefix(slice(start, start + len(jobs)), prefilled.prefix, prefilled.kv, prefilled.no_speech)
+            return
         groups: dict[tuple[int, ...], list[int]] = {}
         for j, job in enumerate(jobs):
             groups.setdefault(tuple(job.prefix), []).append(j)
@@ -277,14 +288,22 @@ class InflightDecoder:
             sot = jobs[members[0]].sot_index
             tokens = to_device(list(prefix[:L]), dev)[None, :].expand(len(members), L)
             kv, logits = self.model.prefill(tokens, group_kv, sot if sot < L else None)
-            for (k, v), (nk, nv) in zip(self.self_kv, kv):
-                k[rows, :, :L] = nk
-                v[rows, :, :L] = nv
-            self.pos[rows] = L
-            self.token[rows] = prefix[L]
-            if logits is not None:
-                self.no_speech[rows] = torch.softmax(logits, dim=-1)[:, tok.no_speech]
-                self.sot_pos[rows] = -1  # read here, not by a step
+            no_speech = None if logits is None else torch.softmax(logits, dim=-1)[:, tok.no_speech]
+            self._write_prefix(rows, prefix, kv, no_speech)
+
+    def _write_prefix(
+        self, rows: "slice | torch.Tensor", prefix: tuple[int, ...], kv: list[tuple[torch.Tensor, torch.Tensor]],
+        no_speech: torch.Tensor | None,
+    ) -> None:
+        L = len(prefix) - 1
+        for (k, v), (nk, nv) in zip(self.self_kv, kv):
+            k[rows, :, :L] = nk
+            v[rows, :, :L] = nv
+        self.pos[rows] = L
+        self.token[rows] = prefix[L]
+        if no_speech is not None:
+            self.no_speech[rows] = no_speech
+            self.sot_pos[rows] = -1  # read here, not by a step
 
     _max_ctx = 0
     _max_pos = 0  # ... and of the positions any of them can reach
@@ -384,14 +403,31 @@ class InflightDecoder:
             finished += self._read_flags(self._flags.pop(0))
         return finished
 
-    def run(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job], ready: Any = None) -> list[Job]:
+    def run(
+        self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], jobs: list[Job], ready: Any = None,
+        prefilled: "Prefilled | None" = None,
+    ) -> list[Job]:
         """Decode these jobs to the end (with whatever else is in flight); returned in input order."""
-        self.submit(cross_kv, jobs, ready)
+        self.submit(cross_kv, jobs, ready, prefilled)
         waiting = {id(j) for j in jobs}
         while waiting:
             for job in self.run_once():
                 waiting.discard(id(job))
         return jobs
+
+
+@dataclass
+class Prefilled:
+    """The forced tokens' pass for utterances sharing one prefix, run by the engine right after
+    their encoder (in the same CUDA graph): self-attention (K, V) per layer [B, H, len(prefix) - 1,
+    hd] and the no-speech probability [B] (None when <|startoftranscript|> is the last forced token)."""
+
+    prefix: tuple[int, ...]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    no_speech: torch.Tensor | None
+
+    def rows(self, part: slice) -> "Prefilled":
+        return Prefilled(self.prefix, [(k[part], v[part]) for k, v in self.kv], None if self.no_speech is None else self.no_speech[part])
 
 
 @dataclass

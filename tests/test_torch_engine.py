@@ -91,7 +91,8 @@ def test_prompted_prefixes_of_two_languages_share_a_batch(clips):
     frames = engine.policy.frames(max(a.size for a in audios))
     jobs = engine.jobs(audios, languages, None)
     assert len({len(j.prefix) for j in jobs}) == 2  # the prompt makes the Mandarin prefix longer
-    cross_kv, ready = engine.encode(audios, frames)
+    cross_kv, ready, prefilled = engine.encode(audios, frames)  # no shared prefix: prefilled at admission
+    assert prefilled is None
     engine.decoder.run(cross_kv, jobs, ready)
     texts = [engine._finish(j.result, frames).text for j in jobs]
     assert texts == [t.text for t in alone]

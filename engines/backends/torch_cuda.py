@@ -29,7 +29,7 @@ except ImportError as error:  # pragma: no cover - depends on the install
 from torch.nn.attention import sdpa_kernel
 
 from engines.engine import DEFAULT_PROMPTS, Engine, Transcript, token_budget
-from engines.inflight import InflightDecoder, Job, make_prefix
+from engines.inflight import InflightDecoder, Job, Prefilled, make_prefix
 from engines.policy import EncoderPolicy
 from engines.tokenizer import WhisperTokenizer
 from engines.torch_whisper import EAGER_ATTENTION, GpuLogMel, TorchWhisper, to_device
@@ -64,7 +64,8 @@ class TorchCudaEngine(Engine):
         self.mel = GpuLogMel(device)
         compile_step = device.type == "cuda" and os.environ.get("STREAMSERVER_TORCH_COMPILE", "1") != "0"
         self.decoder = InflightDecoder(self.whisper, tokenizer, slots=slots, compile=compile_step)
-        self._encoders: dict[tuple[int, int], tuple["torch.cuda.CUDAGraph", "torch.Tensor", list]] = {}
+        self._encoders: dict[tuple[int, int, tuple[int, ...] | None], tuple["torch.cuda.CUDAGraph", "torch.Tensor", tuple]] = {}
+        self._prefixes: dict[tuple[str, str | None], tuple[list[int], int]] = {}
         # The encoder runs on a stream of its own, so that encoding new arrivals fills the SMs the
         # decoder's small step kernels leave idle; its graphs get their own memory pool, since
         # graphs that share a pool must never run at the same time.
@@ -75,51 +76,89 @@ class TorchCudaEngine(Engine):
     def backend_name(self) -> str:
         return "torch-cuda"
 
-    def encode(self, audios: Sequence[np.ndarray], n_frames: int) -> tuple[list[tuple["torch.Tensor", "torch.Tensor"]], object]:
+    def encode(
+        self, audios: Sequence[np.ndarray], n_frames: int, prefix: tuple[list[int], int] | None = None
+    ) -> tuple[list[tuple["torch.Tensor", "torch.Tensor"]], object, Prefilled | None]:
         """Log-mel and encoder for utterances sharing an encoder length: per layer (K, V) [B, H, ctx, hd],
-        and the CUDA event that says they are ready (None on the CPU). Pass both to the decoder's
-        submit(): the host never waits for the encoder."""
+        the CUDA event that says they are ready (None on the CPU), and, given the forced tokens they
+        share (prefix_for()), the pass over those tokens, run in the encoder's own graph. Pass all
+        three to the decoder's submit(): the host never waits for the encoder."""
+        tokens = tuple(prefix[0]) if prefix and len(prefix[0]) > 1 else None
         if self._stream is None:
-            return self.whisper.encode(self.mel(list(audios), n_frames, self.policy.pad_value)), None
+            cross_kv = self.whisper.encode(self.mel(list(audios), n_frames, self.policy.pad_value))
+            return cross_kv, None, self._prefill(tokens, prefix[1], cross_kv) if tokens and prefix else None
         main = torch.cuda.current_stream()
         with torch.cuda.stream(self._stream):
             mel = self.mel(list(audios), n_frames, self.policy.pad_value)
-            cross_kv = self._encode_graph(mel) if len(audios) <= ENCODER_BUCKETS[-1] else self.whisper.encode(mel)
+            if len(audios) <= ENCODER_BUCKETS[-1]:
+                cross_kv, prefilled = self._encode_graph(mel, tokens, prefix[1] if prefix else 0)
+            else:
+                cross_kv = self.whisper.encode(mel)
+                prefilled = self._prefill(tokens, prefix[1], cross_kv) if tokens and prefix else None
             ready = torch.cuda.Event()
             ready.record()
-        for k, v in cross_kv:  # used on the main stream: not to be reused before it has read them
-            k.record_stream(main)
-            v.record_stream(main)
-        return cross_kv, ready
+        outputs = [t for kv in cross_kv for t in kv] + ([t for kv in prefilled.kv for t in kv] if prefilled else [])
+        if prefilled and prefilled.no_speech is not None:
+            outputs.append(prefilled.no_speech)
+        for t in outputs:  # used on the main stream: not to be reused before it has read them
+            t.record_stream(main)
+        return cross_kv, ready, prefilled
 
-    def _encode_graph(self, mel: "torch.Tensor") -> list[tuple["torch.Tensor", "torch.Tensor"]]:
-        """The encoder as a CUDA graph per (batch bucket, frames): eager, its ~100 kernel launches
-        cost more than their arithmetic at the small batches that in-flight arrivals bring."""
+    def _prefill(self, tokens: tuple[int, ...], sot_index: int, cross_kv: list[tuple["torch.Tensor", "torch.Tensor"]]) -> Prefilled:
+        """All forced tokens but the last, for every row of cross_kv (see InflightDecoder._prefill)."""
+        L = len(tokens) - 1
+        n = cross_kv[0][0].shape[0]
+        ids = to_device(list(tokens[:L]), self.whisper.device)[None, :].expand(n, L)
+        kv, logits = self.whisper.prefill(ids, cross_kv, sot_index if sot_index < L else None)
+        no_speech = None if logits is None else torch.softmax(logits, dim=-1)[:, self.tokenizer.no_speech]
+        return Prefilled(tokens, kv, no_speech)
+
+    def _encode_graph(
+        self, mel: "torch.Tensor", tokens: tuple[int, ...] | None, sot_index: int
+    ) -> tuple[list[tuple["torch.Tensor", "torch.Tensor"]], Prefilled | None]:
+        """The encoder, and the forced tokens' pass if given, as a CUDA graph per (batch bucket,
+        frames, forced tokens): eager, their ~200 kernel launches cost more than their arithmetic
+        at the small batches that in-flight arrivals bring."""
         n, frames = mel.shape[0], mel.shape[2]
         size = next(b for b in ENCODER_BUCKETS if b >= n)
-        entry = self._encoders.get((size, frames))
+        entry = self._encoders.get((size, frames, tokens))
         if entry is None:
             static_in = torch.zeros(size, mel.shape[1], frames, device=mel.device)
-            self.whisper.encode(static_in)  # warm-up outside the capture (on the encoder's stream)
+
+            def body() -> tuple[list, Prefilled | None]:
+                cross = self.whisper.encode(static_in)
+                return cross, (self._prefill(tokens, sot_index, cross) if tokens else None)
+
+            body()  # warm-up outside the capture (on the encoder's stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._encoder_pool, stream=self._stream):
-                static_out = self.whisper.encode(static_in)
-            entry = self._encoders[(size, frames)] = (graph, static_in, static_out)
-        graph, static_in, static_out = entry
+                static_out = body()
+            entry = self._encoders[(size, frames, tokens)] = (graph, static_in, static_out)
+        graph, static_in, (static_kv, static_prefilled) = entry
         static_in[:n].copy_(mel)
         graph.replay()
         # Copies: the next replay overwrites the graph's outputs, and these may still wait for slots.
-        return [(k[:n].clone(), v[:n].clone()) for k, v in static_out]
+        cross_kv = [(k[:n].clone(), v[:n].clone()) for k, v in static_kv]
+        if static_prefilled is None:
+            return cross_kv, None
+        part = static_prefilled.rows(slice(None, n))
+        no_speech = None if part.no_speech is None else part.no_speech.clone()
+        return cross_kv, Prefilled(part.prefix, [(k.clone(), v.clone()) for k, v in part.kv], no_speech)
+
+    def prefix_for(self, language: str, prompt: str | None) -> tuple[list[int], int]:
+        """The forced tokens of an utterance in this language (with the given or default prompt)
+        and where <|startoftranscript|> is among them; cached, the same for every utterance."""
+        key = (language, prompt)
+        if key not in self._prefixes:
+            text_prompt = prompt if prompt is not None else DEFAULT_PROMPTS.get(language)
+            prompt_ids = self.tokenizer.encode(" " + text_prompt.strip()) if text_prompt else None
+            self._prefixes[key] = make_prefix(self.tokenizer, language, prompt_ids)
+        return self._prefixes[key]
 
     def jobs(self, audios: Sequence[np.ndarray], languages: Sequence[str], prompt: str | None, tags: Sequence[object] = ()) -> list[Job]:
-        prefixes: dict[str, tuple[list[int], int]] = {}  # one tokenized prompt per language, not per utterance
         out = []
         for i, (audio, lang) in enumerate(zip(audios, languages)):
-            if lang not in prefixes:
-                text_prompt = prompt if prompt is not None else DEFAULT_PROMPTS.get(lang)
-                prompt_ids = self.tokenizer.encode(" " + text_prompt.strip()) if text_prompt else None
-                prefixes[lang] = make_prefix(self.tokenizer, lang, prompt_ids)
-            prefix, sot_index = prefixes[lang]
+            prefix, sot_index = self.prefix_for(lang, prompt)
             out.append(Job(prefix, sot_index, token_budget(audio.size), lang, tags[i] if tags else None))
         return out
 
@@ -145,17 +184,17 @@ class TorchCudaEngine(Engine):
             by_frames[f].append(i)
         submitted: list[tuple[Job, int]] = []
         for n_frames, rows in by_frames.items():
-            cross_kv, ready = self.encode([audios[i] for i in rows], n_frames)
-            if not self.multilingual:
-                languages = ["en"] * len(rows)
-            elif language is None:
+            known = "en" if not self.multilingual else language  # else detected per utterance below
+            prefix = self.prefix_for(known, prompt) if known else None
+            cross_kv, ready, prefilled = self.encode([audios[i] for i in rows], n_frames, prefix)
+            if known:
+                languages = [known] * len(rows)
+            else:
                 if ready is not None:
                     torch.cuda.current_stream().wait_event(ready)
                 languages = self.detect_languages(cross_kv)
-            else:
-                languages = [language] * len(rows)
             jobs = self.jobs([audios[i] for i in rows], languages, prompt, tags=[n_frames] * len(rows))
-            self.decoder.submit(cross_kv, jobs, ready)
+            self.decoder.submit(cross_kv, jobs, ready, prefilled)
             submitted += list(zip(jobs, rows))
         waiting = {id(job) for job, _ in submitted}
         while waiting:  # the decoder may also carry other callers' utterances
