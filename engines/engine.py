@@ -93,12 +93,16 @@ class Engine:
         language = None if language == "auto" else language
         if language is not None and self.multilingual and language not in self.tokenizer.languages:
             raise ValueError(f"unknown language {language!r}")
-        voiced = [i for i, a in enumerate(audios) if has_voicing(a, MIN_VOICED_SECONDS)]
+        voiced = self._voiced(audios, language, prompt)
         unvoiced_language = language or ("en" if not self.multilingual else "")
         results = [Transcript("", unvoiced_language, 1.0, 0.0, 0.0, 0, "no_speech") for _ in audios]
         for i, r in zip(voiced, self._decode_with_fallback([audios[i] for i in voiced], language, prompt, fallback)):
             results[i] = r
         return results
+
+    def _voiced(self, audios: Sequence[np.ndarray], language: str | None, prompt: str | None) -> list[int]:
+        """Which utterances have enough voicing to reach the model."""
+        return [i for i, a in enumerate(audios) if has_voicing(a, MIN_VOICED_SECONDS)]
 
     def _decode_with_fallback(
         self, audios: Sequence[np.ndarray], language: str | None, prompt: str | None, fallback: bool

@@ -37,6 +37,7 @@ CONTEXT_BUCKETS = (500, 1000, 1500)  # encoder positions a step reads (10, 20, 3
 # of Python and copies per launch is then paid once for several ~0.4 ms steps; a slot that ends
 # early in a launch is masked for the rest of it, ~1.5 wasted steps on average.
 STEPS_PER_LAUNCH = 3
+SINGLE_STEP_UP_TO = 4  # ... except at batch buckets up to this
 
 
 @dataclass
@@ -147,7 +148,7 @@ class InflightDecoder:
         positions = _bucket(self._max_pos, POSITION_BUCKETS)
         context = _bucket(self._max_ctx, CONTEXT_BUCKETS)
         if not self.graphs:
-            for _ in range(self.steps_per_launch):
+            for _ in range(self._steps(n)):
                 self._step_fn(n, positions, context)
             return
         size = _bucket(n, BATCH_BUCKETS)
@@ -156,6 +157,11 @@ class InflightDecoder:
         if graph is None:
             graph = self._capture(size, positions, context)
         graph.replay()
+
+    def _steps(self, size: int) -> int:
+        """Steps per launch for this many slots: one for the few slots of a lone utterance (the
+        steps a launch runs past its end are latency there), several for a busy decoder."""
+        return 1 if size <= SINGLE_STEP_UP_TO else self.steps_per_launch
 
     def _capture(self, size: int, positions: int, context: int) -> torch.cuda.CUDAGraph:
         # Warm up on a side stream (lazy initialisation must not happen inside the capture). The
@@ -170,7 +176,7 @@ class InflightDecoder:
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            for _ in range(self.steps_per_launch):
+            for _ in range(self._steps(size)):
                 self._step_fn(size, positions, context)
         self._restore(saved)
         self._graphs[(size, positions, context)] = graph
