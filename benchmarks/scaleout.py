@@ -4,9 +4,16 @@ killed with SIGKILL halfway: lost and duplicated utterances and end-of-speech ->
     STREAMSERVER_ADMIN_TOKEN=... .venv/bin/python -m benchmarks.scaleout --students 100 --duration 60 \\
         --workers 2 --kill-at 30 --out benchmarks/results/scaleout-2core-kill
 
-Starts its own redis-server (append-only), one `streamserver gateway` and N `streamserver worker`
-processes, runs `streamserver loadsim` against the gateway, and writes OUT/report.json (the
-simulator's report plus what was killed and when) with the simulator's plots beside it.
+Starts its own redis-server (append-only), G `streamserver gateway` processes (--gateways, on
+ports of their own, sharing one STREAMSERVER_SECRET) and N `streamserver worker` processes, waits
+until every worker answers /readyz (a GPU worker compiles for a minute or two first) and every
+gateway sees one, runs `streamserver loadsim` against all the gateways (--loadsim-processes P
+student processes), and writes OUT/report.json (the simulator's report plus the scenario and what
+was killed and when) with the simulator's plots beside it; the processes' logs go to --logs
+(default OUT/logs). benchmarks/scaleout_device.sh runs it on the GPU machine:
+
+    .venv/bin/python -m benchmarks.scaleout --students 2000 --duration 60 --rooms 20 --gateways 8 \\
+        --loadsim-processes 6 --workers 1 --worker-args "--backend torch-cuda --max-batch 64" --out DIR
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -27,9 +36,12 @@ from tests.redis_server import RedisServer, free_port
 EXE = [sys.executable, "-m", "streamserver"]
 
 
-def _wait_http(url: str, timeout_s: float, what: str) -> None:
+def _wait_http(url: str, timeout_s: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    """Until `url` answers 200; fails at once when `proc` (the process that should answer) exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode} before {url} answered (see its log)")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
@@ -40,7 +52,15 @@ def _wait_http(url: str, timeout_s: float, what: str) -> None:
     raise RuntimeError(f"{what} not ready at {url} after {timeout_s:.0f}s")
 
 
-def main() -> None:
+def _log_tails(logs: Path, lines: int = 15) -> None:
+    """The end of every process log on stderr: what a failed run needs first."""
+    for log in sorted(logs.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        print(f"--- {log.name} (last {len(tail)} lines)", *tail, sep="\n", file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    """0 when the simulator ran and wrote its report; 1 otherwise (the logs' tails on stderr)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--students", type=int, default=100)
     p.add_argument("--duration", type=float, default=60)
@@ -51,47 +71,75 @@ def main() -> None:
     p.add_argument("--max-batch", type=int, default=16, help="per worker")
     p.add_argument("--model", default="tiny.en")
     p.add_argument("--backend", default="onnxruntime")
+    p.add_argument("--worker-args", default="", metavar="ARGS",
+                   help="more arguments for every worker, one shell-quoted string (e.g. \"--backend torch-cuda --max-batch 64\"; "
+                   "a flag given here overrides the one built from --model/--backend/--threads/--max-batch)")
+    p.add_argument("--gateways", type=int, default=1, metavar="G", help="gateway processes; the simulator's rooms are spread over them")
+    p.add_argument("--vad-hangover-ms", type=int, metavar="MS", help="the gateways' --vad-hangover-ms (default: theirs, 500)")
+    p.add_argument("--loadsim-processes", type=int, default=1, metavar="P", help="the simulator's --processes")
+    p.add_argument("--ready-timeout", type=float, default=180, metavar="S",
+                   help="longest wait for a worker's /readyz (the GPU engine compiles for 1-2 minutes first)")
+    p.add_argument("--logs", type=Path, metavar="DIR", help="the processes' logs (default OUT/logs)")
     p.add_argument("--kill-at", type=float, help="SIGKILL worker 0 this many seconds into the run")
     p.add_argument("--restart-after", type=float, help="start a replacement worker this long after the kill "
                    "(what a supervisor such as docker's restart policy does)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
 
+    if args.gateways < 1 or not 1 <= args.loadsim_processes <= args.students:
+        p.error("need --gateways >= 1 and 1 <= --loadsim-processes <= --students")
     token = os.environ.setdefault("STREAMSERVER_ADMIN_TOKEN", "scaleout-admin")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # One secret for every gateway: a room's token, signed by the gateway that created the room,
+    # is checked by whichever gateway its student or teacher comes in through.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "STREAMSERVER_SECRET": os.environ.get("STREAMSERVER_SECRET") or secrets.token_hex(32)}
     args.out.mkdir(parents=True, exist_ok=True)
-    logs = args.out / "logs"
-    logs.mkdir(exist_ok=True)
+    logs = args.logs or args.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
     redis = RedisServer(persist_dir=Path(tempfile.mkdtemp(prefix="scaleout-redis-"))).start()
     procs: list[subprocess.Popen] = []
+    started_at = time.monotonic()
+    failed = True
     try:
-        port = free_port()
-        gateway = subprocess.Popen(
-            EXE + ["gateway", "--port", str(port), "--redis-url", redis.url],
-            env=env, stdout=open(logs / "gateway.log", "w"), stderr=subprocess.STDOUT,
-        )
-        procs.append(gateway)
+        hangover = ["--vad-hangover-ms", str(args.vad_hangover_ms)] if args.vad_hangover_ms is not None else []
+        gateways: list[tuple[subprocess.Popen, str]] = []
+        for i in range(args.gateways):
+            port = free_port()
+            name = "gateway" if args.gateways == 1 else f"gateway-{i}"
+            g = subprocess.Popen(
+                EXE + ["gateway", "--port", str(port), "--redis-url", redis.url, *hangover],
+                env=env, stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT,
+            )
+            procs.append(g)
+            gateways.append((g, f"http://127.0.0.1:{port}"))
+
         def start_worker(name: str) -> tuple[subprocess.Popen, int]:
             mport = free_port()
             w = subprocess.Popen(
                 EXE + ["worker", "--redis-url", redis.url, "--model", args.model, "--backend", args.backend,
                        "--threads", str(args.threads), "--max-batch", str(args.max_batch), "--name", name,
-                       "--metrics-port", str(mport)],
+                       "--metrics-port", str(mport), *shlex.split(args.worker_args)],
                 env=env, stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT,
             )
             procs.append(w)
             return w, mport
 
         workers = [start_worker(f"worker-{i}") for i in range(args.workers)]
-        url = f"http://127.0.0.1:{port}"
-        _wait_http(url + "/healthz", 60, "gateway")
+        urls = [url for _, url in gateways]
+        for g, url in gateways:
+            _wait_http(url + "/healthz", 60, "gateway", g)
+        print(f"{len(urls)} gateways up; waiting for {args.workers} workers' /readyz (up to {args.ready_timeout:.0f}s)",
+              file=sys.stderr, flush=True)
         for w, mport in workers:
-            _wait_http(f"http://127.0.0.1:{mport}/readyz", 180, "worker")
-        print(f"gateway {url}, {args.workers} workers ready; simulating {args.students} students", file=sys.stderr, flush=True)
+            _wait_http(f"http://127.0.0.1:{mport}/readyz", args.ready_timeout, "worker", w)
+        for g, url in gateways:  # each one sees a live worker (else it would answer every student "busy")
+            _wait_http(url + "/readyz", 30, "gateway", g)
+        ready_s = round(time.monotonic() - started_at, 1)
+        print(f"gateways {' '.join(urls)} and {args.workers} workers ready after {ready_s}s; simulating {args.students} students",
+              file=sys.stderr, flush=True)
         sim = subprocess.Popen(
-            EXE + ["loadsim", "--url", url, "--students", str(args.students), "--duration", str(args.duration),
-                   "--rooms", str(args.rooms), "--speak-ratio", str(args.speak_ratio), "--transport", "ws",
-                   "--report", str(args.out)],
+            EXE + ["loadsim", *[a for url in urls for a in ("--url", url)], "--students", str(args.students),
+                   "--duration", str(args.duration), "--rooms", str(args.rooms), "--speak-ratio", str(args.speak_ratio),
+                   "--transport", "ws", "--processes", str(args.loadsim_processes), "--report", str(args.out)],
             env={**env, "STREAMSERVER_ADMIN_TOKEN": token},
         )
         killed = None
@@ -109,18 +157,25 @@ def main() -> None:
                 killed["replacement_started_at_s"] = round(time.time() - started, 1)
         rc = sim.wait()
         report_path = args.out / "report.json"
-        report = json.loads(report_path.read_text()) if report_path.exists() else {}
+        simulated = report_path.exists()
+        report = json.loads(report_path.read_text()) if simulated else {}
         report["scenario"] = {
-            "gateways": 1, "workers": args.workers, "threads_per_worker": args.threads, "max_batch": args.max_batch, "model": args.model,
-            "backend": args.backend, "ort_spin": env.get("STREAMSERVER_ORT_SPIN", "0 (the worker default)"), "killed": killed, "loadsim_exit": rc, "cpus": os.cpu_count(),
+            "gateways": args.gateways, "workers": args.workers, "threads_per_worker": args.threads, "max_batch": args.max_batch, "model": args.model,
+            "backend": args.backend, "worker_args": args.worker_args, "vad_hangover_ms": args.vad_hangover_ms or 500,
+            "loadsim_processes": args.loadsim_processes, "ready_after_s": ready_s,
+            "ort_spin": env.get("STREAMSERVER_ORT_SPIN", "0 (the worker default)"), "killed": killed, "loadsim_exit": rc, "cpus": os.cpu_count(),
             "command": " ".join(sys.argv),
         }
         report_path.write_text(json.dumps(report, indent=1))
         lat = report.get("latency_s", {})
         print(f"sent {report.get('utterances_sent')} received {report.get('transcripts_received')} "
-              f"lost {report.get('lost')} duplicates {report.get('duplicates')} p50 {lat.get('p50')} p99 {lat.get('p99')}",
+              f"lost {report.get('lost')} duplicates {report.get('duplicates')} join failures {report.get('join_failures')} "
+              f"busy {report.get('busy_rejections')} p50 {lat.get('p50')} p99 {lat.get('p99')}",
               file=sys.stderr, flush=True)
+        failed = rc != 0 or not simulated
     finally:
+        if failed:
+            _log_tails(logs)
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
@@ -130,7 +185,8 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
         redis.stop()
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,6 +13,7 @@ from engines.engine import Engine
 from streamserver.asr.worker import AsrWorker
 from streamserver.metrics import Counter, Gauge, Registry
 from streamserver.audio.pipeline import StudentAudio
+from streamserver.audio.segmenter import SegmenterConfig
 from streamserver.bus import Bus
 from streamserver.config import Settings
 from streamserver.events import StudentEvent, TranscriptEvent
@@ -47,6 +48,7 @@ class Classroom:
         else:
             self.worker = sink
         self.connections: dict[tuple[str, str], Connection] = {}
+        self.segmenter_config = SegmenterConfig.with_hangover(settings.vad_hangover_ms)
         webrtc.use_host_addresses(settings.ice_hosts)
         self.metrics = Registry()
         self.queue_depth = self.metrics.add(Gauge("streamserver_queue_depth", "utterances waiting for or in transcription"))
@@ -184,13 +186,18 @@ class Classroom:
         if old:
             old.audio.close()
             await old.pc.close()
+        return self.student_audio(room, student_id, name), new
+
+    def student_audio(self, room: Room, student_id: str, name: str) -> StudentAudio:
+        """A student's audio pipeline (VAD with this server's settings), wired to the worker and
+        the room's speaking events; called on the event loop."""
         loop = asyncio.get_running_loop()
-        audio = StudentAudio(
+        return StudentAudio(
             room.room_id, student_id, name, room.language,
             on_utterance=self.worker.submit,
             on_speaking=lambda speaking: loop.create_task(self._speaking(room, student_id, speaking)),
+            config=self.segmenter_config,
         )
-        return audio, new
 
 
 class StreamPeer:

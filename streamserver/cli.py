@@ -84,6 +84,28 @@ def _warm_engine_and_intent(model: str, backend: str, threads: int):  # noqa: AN
     return engine, intent
 
 
+def _hangover_ms(text: str) -> int:
+    """--vad-hangover-ms: whole milliseconds within the segmenter's accepted range."""
+    from streamserver.audio.segmenter import HANGOVER_MS_RANGE
+
+    low, high = HANGOVER_MS_RANGE
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of milliseconds") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{value} ms is outside {low}..{high} ms")
+    return value
+
+
+def _add_vad_options(p: argparse.ArgumentParser) -> None:
+    from streamserver.audio.segmenter import HANGOVER_MS_RANGE, SegmenterConfig
+
+    low, high = HANGOVER_MS_RANGE
+    p.add_argument("--vad-hangover-ms", type=_hangover_ms, default=SegmenterConfig.hangover_ms, metavar="MS",
+                   help=f"silence that ends an utterance ({low}..{high}; default %(default)s); every latency includes it")
+
+
 def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
@@ -96,7 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = Settings(
         host=args.host, port=args.port, redis_url=args.redis_url, model=args.model, backend=args.backend,
         threads=args.threads, ice_hosts=args.ice_host or [], ice_servers=[{"urls": [u]} for u in args.ice_server or []],
-        max_students=args.max_students, public_url=args.public_url,
+        max_students=args.max_students, public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms,
     )
     loaded = _warm_engine_and_intent(settings.model, settings.backend, settings.threads)
     if loaded is None:
@@ -127,7 +149,7 @@ def _gateway(args: argparse.Namespace) -> int:
     settings = Settings(
         host=args.host, port=args.port, redis_url=args.redis_url, ice_hosts=args.ice_host or [],
         ice_servers=[{"urls": [u]} for u in args.ice_server or []], max_students=args.max_students,
-        public_url=args.public_url,
+        public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms,
     )
     try:
         app, _classroom = gateway_app(settings, args.max_queue_wait)
@@ -216,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-students", type=int, default=500, help="per room")
     s.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")
     s.add_argument("--demo-room", metavar="NAME", help="create a room at start and print its teacher and student URLs")
+    _add_vad_options(s)
     s.set_defaults(handler=_serve)
 
     g = commands.add_parser("gateway", help="students' audio and the rooms' API, with ASR in worker processes (needs Redis)")
@@ -228,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-queue-wait", type=float, default=5.0, metavar="S",
                    help="answer new students 'busy' (503) when the expected transcription wait passes this")
     g.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")
+    _add_vad_options(g)
     g.set_defaults(handler=_gateway)
 
     w = commands.add_parser("worker", help="an ASR worker: transcribes queued utterances of every room (needs Redis)")

@@ -26,4 +26,5 @@ class Settings:
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KB
     max_batch: int = 16
     history_len: int = 500
+    vad_hangover_ms: int = 500  # silence that ends an utterance (audio/segmenter.py); a latency floor
     public_url: str | None = None  # base of the URLs handed out; default http://host:port

@@ -93,3 +93,21 @@ def test_hangover_out_of_range_is_a_usage_error(capsys, value):
         cli.main(["gateway", "--redis-url", "redis://127.0.0.1:1/0", "--vad-hangover-ms", value])
     assert exit_.value.code == 2
     assert "--vad-hangover-ms" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hangover_ms", [300, 500])
+def test_each_simulator_clip_is_one_utterance(hangover_ms):
+    """The load simulator counts one utterance per clip (loadsim/scenario.py): true of every
+    shipped clip at these hangovers, at each phase of the 30 ms VAD frames against its 20 ms ones."""
+    from streamserver.audio.segmenter import SegmenterConfig, UtteranceSegmenter
+    from streamserver.loadsim.scenario import MIN_GAP_S, RATE, load_clips
+
+    for clip in load_clips(20):
+        for lead_ms in (1000, 1020, 1040):
+            got: list = []
+            segmenter = UtteranceSegmenter(SegmenterConfig.with_hangover(hangover_ms), got.append, clock=lambda: 0.0)
+            pcm = np.concatenate([np.zeros(RATE * lead_ms // 1000, np.int16), np.frombuffer(clip.pcm, "<i2"),
+                                  np.zeros(int(RATE * MIN_GAP_S), np.int16)])
+            for i in range(0, pcm.size, 320):
+                segmenter.feed(pcm[i : i + 320])
+            assert len(got) == 1, (clip.name, lead_ms, [u.duration_s for u in got])

