@@ -128,7 +128,8 @@ print(json.dumps({k: r.get(k) for k in ("students", "max_students_connected", "u
       "transcripts_received", "lost", "lost_basis", "duplicates", "join_failures", "busy_rejections", "disconnects",
       "max_active_speakers", "simulator_max_lag_s", "latency_s", "errors")}, indent=1))
 ok = (r.get("max_students_connected", 0) >= r.get("students", 1) and r.get("transcripts_received", 0) > 0
-      and r.get("lost") == 0 and r.get("duplicates") == 0 and lat.get("p99") is not None)
+      and r.get("lost") == 0 and r.get("duplicates") == 0 and lat.get("p99") is not None
+      and lat["p99"] <= 0.5 and r.get("students", 0) >= 2000)  # issue 6: >= 2,000 students, p99 <= 500 ms
 print(f"MUST-SHOW {'MET' if ok else 'NOT MET'}: {r.get('max_students_connected')} students, lost {r.get('lost')}, "
       f"duplicates {r.get('duplicates')}, p99 end-of-speech -> dashboard {lat.get('p99')} s "
       f"(p50 {lat.get('p50')}), workers ready after {sc.get('ready_after_s')} s")
