@@ -87,7 +87,7 @@ def test_serve_hangover_reaches_the_segmenter(monkeypatch):
     assert (config.hangover_ms, config.post_roll_ms) == (250, 250)  # the post-roll fits in the hangover
 
 
-@pytest.mark.parametrize("value", ["100", "2001", "0.5", "x"])
+@pytest.mark.parametrize("value", ["100", "249", "2001", "0.5", "x"])
 def test_hangover_out_of_range_is_a_usage_error(capsys, value):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["gateway", "--redis-url", "redis://127.0.0.1:1/0", "--vad-hangover-ms", value])
@@ -95,7 +95,7 @@ def test_hangover_out_of_range_is_a_usage_error(capsys, value):
     assert "--vad-hangover-ms" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("hangover_ms", [300, 500])
+@pytest.mark.parametrize("hangover_ms", [250, 300, 500])
 def test_each_simulator_clip_is_one_utterance(hangover_ms):
     """The load simulator counts one utterance per clip (loadsim/scenario.py): true of every
     shipped clip at these hangovers, at each phase of the 30 ms VAD frames against its 20 ms ones."""
