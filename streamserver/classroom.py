@@ -4,7 +4,9 @@ transport (WebRTC peer) -> audio (StudentAudio) -> asr (AsrWorker) -> bus -> roo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import secrets
 from dataclasses import dataclass
 
 from aiortc import RTCPeerConnection
@@ -19,7 +21,7 @@ from streamserver.config import Settings
 from streamserver.events import StudentEvent, TranscriptEvent
 from streamserver.intent import IntentClassifier
 from streamserver.queue.sink import Busy, QueueSink
-from streamserver.rooms.registry import Room, RoomRegistry
+from streamserver.rooms.registry import Room, RoomFull, RoomRegistry, Student
 from streamserver.transport import webrtc
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,9 @@ class Classroom:
         self.engine = engine
         self.bus = bus
         self.rooms = RoomRegistry(settings.max_students)
+        # Seats are leases on the bus, so a room's limit holds across every gateway; this
+        # process holds (and renews) the seats of the students in self.rooms under this name.
+        self.seat_holder = secrets.token_hex(8)
         if sink is None:
             assert engine is not None, "a classroom needs an engine or a job queue"
             self.worker: AsrWorker | QueueSink = AsrWorker(engine, self._publish_transcript, settings.max_batch, intent)
@@ -55,10 +60,13 @@ class Classroom:
         self.metrics.add(Gauge("streamserver_active_streams", "student audio streams per room", read=self._streams_per_room))
         self.busy_answers = self.metrics.add(Counter("streamserver_busy_rejections_total", "joins turned away as busy"))
         self._depth_task: asyncio.Task | None = None
+        self._seat_task: asyncio.Task | None = None
 
     async def start(self) -> None:
         self.worker.start()
-        self._depth_task = asyncio.get_running_loop().create_task(self._watch_depth())
+        loop = asyncio.get_running_loop()
+        self._depth_task = loop.create_task(self._watch_depth())
+        self._seat_task = loop.create_task(self._renew_seats())
 
     async def _watch_depth(self) -> None:
         while True:
@@ -68,6 +76,41 @@ class Classroom:
             except Exception:  # noqa: BLE001 - Redis away: the gauge keeps its last value
                 pass
             await asyncio.sleep(1.0)
+
+    async def _renew_seats(self) -> None:
+        """Every third of a lease, extend the seats of the students seated here (one bus call for
+        every room); a gateway that dies stops doing so, and its seats expire within a lease."""
+        lease = self.settings.seat_lease_s
+        while True:
+            await asyncio.sleep(lease / 3)
+            held = {room_id: list(room.students) for room_id, room in self.rooms.rooms.items() if room.students}
+            if not held:
+                continue
+            try:
+                await self.bus.renew_seats(held, lease, self.seat_holder)
+            except Exception as error:  # noqa: BLE001 - the bus is away: try again next round
+                log.warning("could not renew the seats of %d students (%s)", sum(map(len, held.values())), error)
+                continue
+            # A student who left while the renewal was on its way may have been released before
+            # it arrived: release again, now that it has.
+            for room_id, students in held.items():
+                room = self.rooms.rooms[room_id]
+                for student_id in students:
+                    if student_id not in room.students:
+                        await self._free_seat(room_id, student_id)
+
+    async def _free_seat(self, room_id: str, student_id: str) -> None:
+        """Release a seat no longer renewed here; when the bus fails, its lease frees it."""
+        try:
+            await self.bus.release_seat(room_id, student_id, self.seat_holder)
+        except Exception as error:  # noqa: BLE001
+            log.warning("seat of %s in room %s not released (%s): it expires with its lease", student_id, room_id, error)
+
+    async def _unseat(self, room: Room, student_id: str) -> Student | None:
+        """The student leaves the room here and gives up the seat."""
+        student = self.rooms.leave(room, student_id)
+        await self._free_seat(room.room_id, student_id)
+        return student
 
     def _streams_per_room(self) -> dict:
         counts: dict[str, int] = {}
@@ -96,10 +139,16 @@ class Classroom:
             raise Busy(reason)
 
     async def stop(self) -> None:
-        if self._depth_task:
-            self._depth_task.cancel()
+        for task in (self._depth_task, self._seat_task):
+            if task:
+                task.cancel()
         for connection in list(self.connections.values()):
             await connection.pc.close()
+        # Free this gateway's seats now rather than when their leases run out.
+        seated = [(room.room_id, s) for room in self.rooms.rooms.values() for s in room.students]
+        if seated:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(self._free_seat(r, s) for r, s in seated)), 5)
         await self.worker.stop()
         await self.bus.close()
 
@@ -111,9 +160,11 @@ class Classroom:
             pc, answer_sdp = await webrtc.answer(
                 offer_sdp, self.settings.ice_servers, audio.push_frame, lambda: self._ended(room, student_id, audio)
             )
-        except webrtc.OfferError:
-            if new:
-                self.rooms.leave(room, student_id)
+        except BaseException:
+            if new:  # never announced: the seat goes back at once
+                await self._unseat(room, student_id)
+            elif key not in self.connections:  # a reconnect whose old peer is already closed
+                asyncio.get_running_loop().create_task(self._left(room, student_id))
             raise
         self.connections[key] = Connection(pc, audio)
         if new:
@@ -130,9 +181,9 @@ class Classroom:
 
     async def _left(self, room: Room, student_id: str) -> None:
         # Grace period: a browser that reconnects within it keeps its seat without a left/joined pair.
-        await asyncio.sleep(5.0)
+        await asyncio.sleep(self.settings.leave_grace_s)
         if (room.room_id, student_id) not in self.connections:
-            student = self.rooms.leave(room, student_id)
+            student = await self._unseat(room, student_id)
             if student:
                 await self._publish(room.room_id, StudentEvent(room.room_id, student_id, student.name, "student_left").to_json())
 
@@ -160,7 +211,7 @@ class Classroom:
         """A student's audio over a transport the caller owns (WebSocket ingest): the same pipeline,
         roster and events as connect_student. A reconnect replaces the old stream or peer; the
         caller pushes 16 kHz PCM into the returned StudentAudio and calls close_stream at the end.
-        Raises RoomFull or Busy like connect_student."""
+        Raises RoomFull, Busy or BusError like connect_student."""
         audio, new = await self._seat(room, student_id, name)
         self.connections[(room.room_id, student_id)] = Connection(StreamPeer(), audio)
         if new:
@@ -178,15 +229,26 @@ class Classroom:
 
     async def _seat(self, room: Room, student_id: str, name: str) -> tuple[StudentAudio, bool]:
         """Seat a student, whatever the transport: a reconnect replaces its old peer or stream and
-        keeps the identity. The student's new audio pipeline, and whether it is new to the room."""
-        if (room.room_id, student_id) not in self.connections:  # a reconnect keeps its seat
+        keeps the identity. The student's new audio pipeline, and whether it is new to the room.
+        The seat is the bus's (the limit holds across gateways; a reconnect through any gateway
+        keeps its seat): RoomFull when the room has none left, BusError when the bus fails."""
+        key = (room.room_id, student_id)
+        if key not in self.connections:  # a reconnect keeps its seat
             await self.check_capacity()
-        _, new = self.rooms.join(room, student_id, name)
-        old = self.connections.pop((room.room_id, student_id), None)
-        if old:
-            old.audio.close()
-            await old.pc.close()
-        return self.student_audio(room, student_id, name), new
+        seated = student_id in room.students  # a reconnect: its seat stays whatever happens here
+        if not await self.bus.take_seat(room.room_id, student_id, room.max_students, self.settings.seat_lease_s, self.seat_holder):
+            raise RoomFull(f"room is full ({room.max_students} students)")
+        try:
+            _, new = self.rooms.join(room, student_id, name)
+            old = self.connections.pop(key, None)
+            if old:
+                old.audio.close()
+                await old.pc.close()
+            return self.student_audio(room, student_id, name), new
+        except BaseException:
+            if not seated:
+                await self._unseat(room, student_id)
+            raise
 
     def student_audio(self, room: Room, student_id: str, name: str) -> StudentAudio:
         """A student's audio pipeline (VAD with this server's settings), wired to the worker and

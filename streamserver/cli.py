@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--redis-url", required=True, help="the Redis that gateways and workers share")
     g.add_argument("--ice-host", action="append", metavar="ADDR", help="host candidate address (repeatable)")
     g.add_argument("--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (repeatable)")
-    g.add_argument("--max-students", type=int, default=500, help="per room")
+    g.add_argument("--max-students", type=int, default=500, help="per room, the whole room across gateways (seat leases in Redis)")
     g.add_argument("--max-queue-wait", type=float, default=5.0, metavar="S",
                    help="answer new students 'busy' (503) when the expected transcription wait passes this")
     g.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")

@@ -22,7 +22,9 @@ class Settings:
     # Signs room tokens; gateways of one deployment share it. Random per process if unset.
     secret: str = field(default_factory=lambda: os.environ.get("STREAMSERVER_SECRET") or secrets.token_hex(32))
     token_ttl_s: int = 12 * 3600
-    max_students: int = 500
+    max_students: int = 500  # per room, across every gateway (seats are leases on the bus)
+    seat_lease_s: float = 30.0  # renewed every third of it; a dead gateway's seats free themselves within it
+    leave_grace_s: float = 5.0  # a student reconnecting within it keeps the seat with no left/joined pair
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KB
     max_batch: int = 16
     history_len: int = 500

@@ -16,7 +16,7 @@ from typing import AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 import pytest
 
 from streamserver.bus.memory import MemoryBus
-from streamserver.bus.redis import BusError, RedisBus
+from streamserver.bus.redis import BusError, RedisBus, seat_keys
 from tests.redis_server import RedisServer
 
 T = TypeVar("T")
@@ -28,6 +28,9 @@ class AnyBus(Protocol):
     def subscribe(self, room_id: str) -> AsyncIterator[str]: ...
     async def history(self, room_id: str, limit: int = 200) -> list[str]: ...
     async def subscriber_count(self, room_id: str) -> int: ...
+    async def take_seat(self, room_id: str, student_id: str, limit: int, lease_s: float, holder: str) -> bool: ...
+    async def renew_seats(self, seats: dict[str, list[str]], lease_s: float, holder: str) -> None: ...
+    async def release_seat(self, room_id: str, student_id: str, holder: str) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -187,6 +190,74 @@ def test_close_ends_subscribers(make_bus: MakeBus) -> None:
         with pytest.raises(StopAsyncIteration):
             async with asyncio.timeout(TIMEOUT_S):
                 await pending
+
+    run(body)
+
+
+def test_seats_limit_reconnect_and_release(make_bus: MakeBus) -> None:
+    """A room's seats, whichever gateway (holder) asks: full at the limit, a reconnect keeps its
+    seat (and the gateway it came through holds it now), a release frees it for the next."""
+
+    async def body() -> None:
+        bus, r, other = make_bus(), room(), room()
+        try:
+            assert await bus.take_seat(r, "ann", 2, 30, "gw-a")
+            assert await bus.take_seat(r, "bo", 2, 30, "gw-b")
+            assert not await bus.take_seat(r, "cy", 2, 30, "gw-a")
+            assert not await bus.take_seat(r, "cy", 2, 30, "gw-b")
+            assert await bus.take_seat(other, "cy", 2, 30, "gw-a")  # rooms count apart
+            assert await bus.take_seat(r, "ann", 2, 30, "gw-b")  # reconnects through gateway B
+            await bus.release_seat(r, "ann", "gw-a")  # gateway A lets her go: B holds her seat now
+            assert not await bus.take_seat(r, "cy", 2, 30, "gw-a")
+            await bus.release_seat(r, "ann", "gw-b")
+            await bus.release_seat(r, "nobody", "gw-b")  # releasing what is not held is harmless
+            assert await bus.take_seat(r, "cy", 2, 30, "gw-a")
+            assert not await bus.take_seat(r, "dee", 2, 30, "gw-a")
+        finally:
+            await bus.close()
+
+    run(body)
+
+
+def test_seat_lease_expires_unless_renewed(make_bus: MakeBus) -> None:
+    """A seat nobody renews (its gateway died) frees itself after its lease; a renewed one stays,
+    and a seat renewed after it expired is taken again."""
+    lease = 0.4
+
+    async def body() -> None:
+        bus, r = make_bus(), room()
+        try:
+            assert await bus.take_seat(r, "ann", 2, lease, "gw-a")
+            assert await bus.take_seat(r, "bo", 2, lease, "gw-b")
+            for _ in range(3):  # 0.6 s: ann renewed by gateway A, bo's gateway silent
+                await asyncio.sleep(lease / 2)
+                await bus.renew_seats({r: ["ann"]}, lease, "gw-a")
+            assert await bus.take_seat(r, "cy", 2, lease, "gw-b")
+            assert not await bus.take_seat(r, "dee", 2, lease, "gw-b")
+            await asyncio.sleep(lease + 0.1)  # every lease ran out
+            await bus.renew_seats({r: ["ann"]}, lease, "gw-a")  # ann is still on gateway A: seated again
+            assert await bus.take_seat(r, "dee", 2, lease, "gw-b")
+            assert not await bus.take_seat(r, "eve", 2, lease, "gw-b")
+        finally:
+            await bus.close()
+
+    run(body)
+
+
+def test_redis_seat_keys_expire_with_their_last_lease(redis_url: str) -> None:
+    async def body() -> None:
+        import redis.asyncio as aioredis
+
+        bus, r = RedisBus(redis_url), room()
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            assert await bus.take_seat(r, "ann", 5, 0.3, "gw-a")
+            assert await client.exists(*seat_keys(r)) == 2
+            await asyncio.sleep(0.5)
+            assert await client.exists(*seat_keys(r)) == 0  # nothing left behind by a dead gateway
+        finally:
+            await client.aclose()
+            await bus.close()
 
     run(body)
 

@@ -1,7 +1,8 @@
 """aiohttp application: every client-facing route, each answer a clear status and message.
 
 Nothing a client sends may crash the process: bad JSON or SDP is a 400, a bad token 401/403,
-a body over the limit 413 (aiohttp's own check), a full room 429.
+a body over the limit 413 (aiohttp's own check), a full room 429 (the whole room, across
+gateways), the bus unreachable 503.
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ async def offer(request: web.Request) -> web.Response:
         return _error(429, str(error))
     except Busy as error:
         return busy_response(str(error))
+    except BusError as error:  # the room's seats could not be counted
+        return _error(503, str(error))
     except OfferError as error:
         return _error(400, str(error))
     return web.json_response({"sdp": answer, "type": "answer", "student_id": student_id})
@@ -147,6 +150,8 @@ async def ingest(request: web.Request) -> web.StreamResponse:
         return _error(429, str(error))
     except Busy as error:
         return busy_response(str(error))
+    except BusError as error:
+        return _error(503, str(error))
 
 
 async def feed(request: web.Request) -> web.StreamResponse:

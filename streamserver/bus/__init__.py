@@ -2,6 +2,10 @@
 
 publish() sends a JSON event to every subscriber of a room and appends it to the room's capped
 history, so that a dashboard that reconnects can replay what it missed.
+
+Seats: the per-room student limit holds for the whole room, whatever process seated each
+student. A seat is held by leases (take_seat), renewed by the process that holds the student
+(renew_seats) and ended on leave (release_seat) or, when that process died, by their expiry.
 """
 
 from __future__ import annotations
@@ -27,6 +31,19 @@ class Bus(Protocol):
 
     async def load_room(self, room_id: str) -> dict[str, str] | None:
         """What save_room stored, or None."""
+
+    async def take_seat(self, room_id: str, student_id: str, limit: int, lease_s: float, holder: str) -> bool:
+        """A lease of lease_s on a seat for the student, held by `holder` (a process's id): True
+        when the student already had a seat (a reconnect, through any process, keeps it) or the
+        room had fewer than `limit` seats with a live lease; False when it is full."""
+
+    async def renew_seats(self, seats: dict[str, list[str]], lease_s: float, holder: str) -> None:
+        """Extend holder's leases on its students' seats (room_id -> student ids) to lease_s from
+        now; a seat that expired meanwhile is taken again, even past the limit (the student is
+        here: new students wait until the room is below it)."""
+
+    async def release_seat(self, room_id: str, student_id: str, holder: str) -> None:
+        """End holder's lease; the seat is free once no process holds the student any more."""
 
     async def ping(self) -> bool: ...
 

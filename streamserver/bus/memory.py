@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from typing import AsyncIterator
 
@@ -16,6 +17,7 @@ class MemoryBus:
         self._max_lag = max_lag
         self._history: dict[str, deque[str]] = {}
         self._subscribers: dict[str, set[asyncio.Queue[str | None]]] = {}
+        self._seats: dict[str, dict[str, dict[str, float]]] = {}  # room -> student -> holder -> lease end
         self._closed = False
 
     async def publish(self, room_id: str, event_json: str) -> None:
@@ -62,6 +64,41 @@ class MemoryBus:
 
     async def load_room(self, room_id: str) -> dict[str, str] | None:
         return self._rooms.get(room_id)
+
+    def _live_seats(self, room_id: str) -> dict[str, dict[str, float]]:
+        """The room's seats, student -> {holder: lease end}, expired leases dropped (monotonic
+        clock); a student holds one seat while any holder's lease lasts."""
+        now = time.monotonic()
+        seats = self._seats.setdefault(room_id, {})
+        for student_id, leases in list(seats.items()):
+            if live := {holder: end for holder, end in leases.items() if end > now}:
+                seats[student_id] = live
+            else:
+                del seats[student_id]
+        return seats
+
+    async def take_seat(self, room_id: str, student_id: str, limit: int, lease_s: float, holder: str) -> bool:
+        seats = self._live_seats(room_id)
+        if student_id not in seats and len(seats) >= limit:
+            return False
+        seats.setdefault(student_id, {})[holder] = time.monotonic() + lease_s
+        return True
+
+    async def renew_seats(self, seats: dict[str, list[str]], lease_s: float, holder: str) -> None:
+        end = time.monotonic() + lease_s
+        for room_id, students in seats.items():
+            live = self._live_seats(room_id)
+            for student_id in students:
+                live.setdefault(student_id, {})[holder] = end
+
+    async def release_seat(self, room_id: str, student_id: str, holder: str) -> None:
+        seats = self._live_seats(room_id)
+        leases = seats.get(student_id, {})
+        leases.pop(holder, None)
+        if not leases:
+            seats.pop(student_id, None)
+        if not seats:
+            del self._seats[room_id]
 
     async def history(self, room_id: str, limit: int = 200) -> list[str]:
         history = self._history.get(room_id)

@@ -1,7 +1,10 @@
 """Redis bus: PUBLISH for live delivery, a capped stream per room for replay; several server
 processes share rooms through it.
 
-Keys: channel `room:<id>` (pub/sub) and stream `room:<id>:history` (field "event").
+Keys: channel `room:<id>` (pub/sub), stream `room:<id>:history` (field "event"), and the room's
+seats: sorted set `room:<id>:seats` (student -> lease expiry, ms of Redis's own clock, so the
+processes' clocks never matter) with hash `room:<id>:seat_leases` (student -> its lease per
+holding process). Both seat keys expire with their last lease.
 The hiredis parser is used: redis-py picks it by default whenever hiredis is installed.
 """
 
@@ -34,6 +37,78 @@ def history_key(room_id: str) -> str:
     return f"{room_channel(room_id)}:history"
 
 
+def seat_keys(room_id: str) -> list[str]:
+    return [f"{room_channel(room_id)}:seats", f"{room_channel(room_id)}:seat_leases"]
+
+
+# KEYS[1] the room's seats (student -> end of its longest lease), KEYS[2] its leases (student ->
+# JSON {holder: lease end}): a student seated through two gateways (a reconnect) holds one seat
+# until both let go. Times are Redis's clock (ms). Expired seats go first; the keys live as long
+# as their longest lease.
+_SEATS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _, student in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
+  redis.call('HDEL', KEYS[2], student)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local function hold(student, holder, expiry)  -- expiry nil: holder lets go
+  local raw = redis.call('HGET', KEYS[2], student)
+  local leases = raw and cjson.decode(raw) or {}
+  leases[holder] = expiry
+  local live, last = {}, nil
+  for h, e in pairs(leases) do
+    if e > now then
+      live[h] = e
+      if not last or e > last then last = e end
+    end
+  end
+  if last then
+    redis.call('HSET', KEYS[2], student, cjson.encode(live))
+    redis.call('ZADD', KEYS[1], last, student)
+  else
+    redis.call('HDEL', KEYS[2], student)
+    redis.call('ZREM', KEYS[1], student)
+  end
+end
+local function keep()
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  if last[2] then
+    redis.call('PEXPIREAT', KEYS[1], last[2])
+    redis.call('PEXPIREAT', KEYS[2], last[2])
+  end
+end
+"""
+# ARGV: student, limit, lease_ms, holder -> 1 seated (or renewed: a reconnect), 0 room full
+_TAKE_SEAT = _SEATS + """
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+hold(ARGV[1], ARGV[4], now + tonumber(ARGV[3]))
+keep()
+return 1
+"""
+# ARGV: lease_ms, holder, student... (a seat that expired meanwhile is taken again)
+_RENEW_SEATS = _SEATS + """
+local expiry = now + tonumber(ARGV[1])
+for i = 3, #ARGV do
+  hold(ARGV[i], ARGV[2], expiry)
+end
+keep()
+return 0
+"""
+# ARGV: student, holder
+_RELEASE_SEAT = _SEATS + """
+hold(ARGV[1], ARGV[2], nil)
+keep()
+return 0
+"""
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
 class RedisBus:
     def __init__(
         self,
@@ -61,6 +136,9 @@ class RedisBus:
             # PINGs idle pub/sub connections too, so a silently dead link is noticed.
             health_check_interval=30,
         )
+        self._take_seat = self._redis.register_script(_TAKE_SEAT)
+        self._renew_seats = self._redis.register_script(_RENEW_SEATS)
+        self._release_seat = self._redis.register_script(_RELEASE_SEAT)
 
     async def publish(self, room_id: str, event_json: str) -> None:
         # One round trip; no MULTI: live delivery and history need no atomicity between them.
@@ -91,6 +169,7 @@ class RedisBus:
         lost = False
         mark: str | None = None  # history stream position up to which this subscriber is served
         delivered: collections.deque[str] = collections.deque(maxlen=max(self._history_len, 1))
+        replayed: collections.Counter[str] = collections.Counter()  # replayed, may still come by pub/sub
         while not self._closed:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
@@ -102,6 +181,9 @@ class RedisBus:
                     lost = False
                     missed, mark = await self._history_after(room_id, mark)
                     seen = set(delivered)
+                    # An event published between SUBSCRIBE and this read arrives both ways: from
+                    # the history here and as a pub/sub message below; the message is then skipped.
+                    replayed = collections.Counter(event for event in missed if event not in seen)
                     for event in missed:
                         if event not in seen:
                             delivered.append(event)
@@ -113,6 +195,9 @@ class RedisBus:
                         ignore_subscribe_messages=True, timeout=self._poll_s
                     )
                     if message is not None and message["type"] == "message":
+                        if replayed[message["data"]]:
+                            replayed[message["data"]] -= 1
+                            continue
                         delivered.append(message["data"])
                         yield message["data"]
             except _FAILURES as e:
@@ -175,6 +260,30 @@ class RedisBus:
         except _FAILURES as e:
             raise BusError(f"loading room {room_id!r} failed: {e}") from e
         return meta or None
+
+    async def take_seat(self, room_id: str, student_id: str, limit: int, lease_s: float, holder: str) -> bool:
+        try:
+            return bool(await self._take_seat(keys=seat_keys(room_id), args=[student_id, limit, _ms(lease_s), holder]))
+        except _FAILURES as e:
+            raise BusError(f"no seat could be taken in room {room_id!r}: {e}") from e
+
+    async def renew_seats(self, seats: dict[str, list[str]], lease_s: float, holder: str) -> None:
+        """One round trip for every room."""
+        if not seats:
+            return
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for room_id, students in seats.items():
+                    await self._renew_seats(keys=seat_keys(room_id), args=[_ms(lease_s), holder, *students], client=pipe)
+                await pipe.execute()
+        except _FAILURES as e:
+            raise BusError(f"renewing seats failed: {e}") from e
+
+    async def release_seat(self, room_id: str, student_id: str, holder: str) -> None:
+        try:
+            await self._release_seat(keys=seat_keys(room_id), args=[student_id, holder])
+        except _FAILURES as e:
+            raise BusError(f"releasing a seat in room {room_id!r} failed: {e}") from e
 
     async def ping(self) -> bool:
         """Health check: True when Redis answers; never raises."""

@@ -1,5 +1,7 @@
 """Rooms and their students, in this process. With several gateways each keeps the students
-seated through it; a room's name and language are shared through the bus (Classroom.find_room)."""
+seated through it; a room's name and language are shared through the bus (Classroom.find_room),
+and so are its seats: the student limit is counted on the bus, for the whole room
+(Bus.take_seat); Classroom._seat raises RoomFull when the room has no seat left."""
 
 from __future__ import annotations
 
@@ -51,13 +53,12 @@ class RoomRegistry:
         return self.rooms.get(room_id)
 
     def join(self, room: Room, student_id: str, name: str) -> tuple[Student, bool]:
-        """The student, and whether they are new (a reconnect keeps its seat and identity)."""
+        """The student, and whether they are new (a reconnect keeps its seat and identity). The
+        caller has taken the student's seat on the bus: the limit is counted there."""
         if student_id in room.students:
             student = room.students[student_id]
             student.name = name
             return student, False
-        if len(room.students) >= room.max_students:
-            raise RoomFull(f"room is full ({room.max_students} students)")
         student = Student(student_id, name)
         room.students[student_id] = student
         return student, True

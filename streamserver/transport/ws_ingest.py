@@ -85,8 +85,8 @@ def _read_format(text: str) -> str:
 
 async def serve(request: web.Request, classroom: Classroom, room: Room, student_id: str, name: str) -> web.WebSocketResponse:
     """Run one student's stream until either side closes. The caller has checked the token and
-    the identity; open_stream's RoomFull/Busy propagate before the upgrade, so the caller can
-    answer them with an HTTP status."""
+    the identity; open_stream's RoomFull/Busy/BusError propagate before the upgrade, so the
+    caller can answer them with an HTTP status."""
     audio = await classroom.open_stream(room, student_id, name)
     try:
         ws = web.WebSocketResponse(heartbeat=20, max_msg_size=TRANSPORT_LIMIT_BYTES)

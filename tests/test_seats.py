@@ -1,0 +1,223 @@
+"""The per-room student limit across gateways: two in-process gateways (the `streamserver gateway`
+app) on one real redis-server, students over the WebSocket ingest and the WebRTC offer route.
+
+A gateway turns students away as busy while no ASR worker is alive, so a stand-in worker beats
+its heartbeat in Redis; no engine is needed, nobody speaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from typing import AsyncIterator
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+
+from streamserver.api.app import create_app
+from streamserver.bus.redis import RedisBus
+from streamserver.classroom import Classroom
+from streamserver.config import Settings
+from streamserver.gateway import gateway_app
+from streamserver.loadsim.clients import create_room, token_of
+from streamserver.queue.redis_queue import WORKERS, JobQueue
+from streamserver.queue.sink import QueueSink
+from streamserver.rooms import tokens
+from tests.redis_server import RedisServer
+from tests.server_process import ADMIN_TOKEN
+
+SECRET = "seat-test-secret"  # shared by the gateways: a token signed by one is good on the other
+NOT_AN_AUDIO_OFFER = "v=0\r\n"  # refused (400) only once the student has been seated
+
+
+def settings(redis_url: str, **overrides) -> Settings:
+    base = dict(redis_url=redis_url, secret=SECRET, admin_token=ADMIN_TOKEN, ice_hosts=["127.0.0.1"],
+                max_students=2, leave_grace_s=0.1)
+    return Settings(**{**base, **overrides})
+
+
+def run(body) -> None:
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+@contextlib.asynccontextmanager
+async def live_worker(redis_url: str) -> AsyncIterator[None]:
+    """A worker's heartbeat, so that the gateways take students."""
+    queue = JobQueue(redis_url, worker=f"seat-test-{uuid.uuid4().hex[:8]}")
+
+    async def beat() -> None:
+        while True:
+            await queue.heartbeat({"utt_per_s": 100.0})
+            await asyncio.sleep(0.2)
+
+    await queue.heartbeat({"utt_per_s": 100.0})
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await queue.redis.hdel(WORKERS, queue.worker)
+        await queue.redis.delete(f"asr:alive:{queue.worker}")
+        await queue.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(*classrooms_and_apps) -> AsyncIterator[list[tuple[str, Classroom]]]:
+    servers = []
+    try:
+        for app, classroom in classrooms_and_apps:
+            server = TestServer(app, host="127.0.0.1")
+            await server.start_server()
+            servers.append((server, classroom))
+        yield [(f"http://127.0.0.1:{server.port}", classroom) for server, classroom in servers]
+    finally:
+        for server, _ in servers:
+            await server.close()
+
+
+def gateways(redis_url: str, n: int = 2, **overrides):
+    return serving(*(gateway_app(settings(redis_url, **overrides), 5.0) for _ in range(n)))
+
+
+async def join(s: aiohttp.ClientSession, url: str, token: str, student_id: str) -> aiohttp.ClientWebSocketResponse:
+    """A WebSocket student, once the gateway said "ready"."""
+    params = {"token": token, "name": student_id[:3], "student_id": student_id}
+    ws = await s.ws_connect(url.replace("http", "ws") + "/ws/ingest", params=params)
+    assert (await ws.receive_json(timeout=5))["type"] == "ready"
+    return ws
+
+
+async def refused(s: aiohttp.ClientSession, url: str, token: str, student_id: str) -> int:
+    """The HTTP status a WebSocket student is turned away with (fails if it gets in)."""
+    try:
+        ws = await join(s, url, token, student_id)
+    except aiohttp.WSServerHandshakeError as error:
+        return error.status
+    await ws.close()
+    raise AssertionError(f"{student_id} got in")
+
+
+async def join_when_free(s: aiohttp.ClientSession, url: str, token: str, student_id: str, within_s: float) -> aiohttp.ClientWebSocketResponse:
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return await join(s, url, token, student_id)
+        except aiohttp.WSServerHandshakeError as error:
+            assert error.status == 429 and time.monotonic() < deadline, f"{student_id}: {error.status}"
+            await asyncio.sleep(0.05)
+
+
+async def offer(s: aiohttp.ClientSession, url: str, room: dict, student_id: str, sdp: str) -> tuple[int, dict]:
+    body = {"token": token_of(room["student_url"]), "type": "offer", "sdp": sdp, "student_name": "Rtc", "student_id": student_id}
+    async with s.post(f"{url}/api/rooms/{room['room_id']}/offer", json=body) as r:
+        return r.status, await r.json()
+
+
+def test_room_limit_holds_across_gateways(redis_url):
+    """max_students=2: one student through gateway A, one through B, and the room is full on
+    both (WebSocket and WebRTC); a leaver's seat goes to the next, and a WebRTC offer that fails
+    after its student was seated gives the seat back."""
+
+    async def body() -> None:
+        async with live_worker(redis_url), gateways(redis_url) as [(a, _), (b, _)], aiohttp.ClientSession() as s:
+            room = await create_room(s, a, ADMIN_TOKEN, "two doors")
+            token = token_of(room["student_url"])
+            ann = await join(s, a, token, "ann-00000001")
+            bob = await join(s, b, token, "bob-00000001")  # kept: a socket dropped here would close
+            assert await refused(s, a, token, "cyd-00000001") == 429
+            assert await refused(s, b, token, "cyd-00000001") == 429
+            status, answer = await offer(s, b, room, "cyd-00000001", NOT_AN_AUDIO_OFFER)
+            assert status == 429 and answer["error"] == "room is full (2 students)"
+            await ann.close()  # A frees her seat after its grace period; B seats the next student
+            cyd = await join_when_free(s, b, token, "cyd-00000001", within_s=3)
+            assert await refused(s, a, token, "dee-00000001") == 429
+            await cyd.close()
+            for _ in range(60):  # until B has freed cyd's seat: then the bad offer reaches WebRTC
+                status, answer = await offer(s, a, room, "dee-00000001", NOT_AN_AUDIO_OFFER)
+                if status != 429:
+                    break
+                await asyncio.sleep(0.05)
+            assert status == 400 and "no audio" in answer["error"]
+            eve = await join(s, a, token, "eve-00000001")  # the failed offer's seat came back
+            assert await refused(s, b, token, "fay-00000001") == 429
+            await asyncio.gather(bob.close(), eve.close())
+
+    run(body)
+
+
+def test_seats_of_a_dead_gateway_expire(redis_url):
+    """Renewed seats outlive their lease; a gateway that stops renewing (it died) frees its
+    students' seats within one lease, without ever releasing them."""
+    lease = 1.0
+
+    async def body() -> None:
+        async with live_worker(redis_url), gateways(redis_url, seat_lease_s=lease) as [(a, dying), (b, _)], \
+                aiohttp.ClientSession() as s:
+            room = await create_room(s, a, ADMIN_TOKEN, "a gateway dies")
+            token = token_of(room["student_url"])
+            students = [await join(s, a, token, "ann-00000002"), await join(s, a, token, "bob-00000002")]
+            await asyncio.sleep(2.5 * lease)  # A renews them meanwhile
+            assert await refused(s, b, token, "cyd-00000002") == 429
+            assert dying._seat_task is not None
+            dying._seat_task.cancel()  # A "dies": its students stay connected to it, unrenewed
+            started = time.monotonic()
+            students.append(await join_when_free(s, b, token, "cyd-00000002", within_s=lease + 1))
+            assert time.monotonic() - started <= lease + 0.75
+            students.append(await join_when_free(s, b, token, "dee-00000002", within_s=0.5))
+            assert await refused(s, b, token, "eve-00000002") == 429
+            await asyncio.gather(*(ws.close() for ws in students))
+
+    run(body)
+
+
+def test_reconnect_keeps_the_seat_in_a_full_room(redis_url):
+    """A full room: a student reconnecting with her student_id gets back in, through the other
+    gateway or the same one, and the room stays full; her old gateway letting her go does not
+    free the seat the new one holds."""
+
+    async def body() -> None:
+        async with live_worker(redis_url), gateways(redis_url) as [(a, _), (b, _)], aiohttp.ClientSession() as s:
+            room = await create_room(s, a, ADMIN_TOKEN, "reconnects")
+            token = token_of(room["student_url"])
+            ann_on_a = await join(s, a, token, "ann-00000003")
+            bob = await join(s, b, token, "bob-00000003")
+            ann_on_b = await join(s, b, token, "ann-00000003")  # through the other gateway
+            assert await refused(s, a, token, "cyd-00000003") == 429
+            await ann_on_a.close()
+            await asyncio.sleep(0.5)  # A's grace period is over: A has let her go
+            assert await refused(s, b, token, "cyd-00000003") == 429
+            ann_again = await join(s, b, token, "ann-00000003")  # through the same gateway: replaces her stream
+            await ann_on_b.send_bytes(bytes(640))
+            assert "replaced" in (await ann_on_b.receive_json(timeout=5))["error"]
+            status, _ = await offer(s, a, room, "bob-00000003", NOT_AN_AUDIO_OFFER)  # bob via WebRTC: his seat, a bad offer
+            assert status == 400
+            assert await refused(s, a, token, "cyd-00000003") == 429
+            await asyncio.gather(bob.close(), ann_again.close(), ann_on_b.close())
+
+    run(body)
+
+
+def test_bus_failure_while_seating_is_503_and_passes(redis_url):
+    """The bus's Redis is down when a student comes: a 503 naming the seat (WebSocket and
+    WebRTC), not a crash; once it is back, the same student gets in."""
+
+    async def body(bus_redis: RedisServer) -> None:
+        config = settings(redis_url)
+        bus = RedisBus(bus_redis.url)
+        classroom = Classroom(config, None, bus, sink=QueueSink(JobQueue(redis_url), bus, 5.0))
+        room = classroom.rooms.create("local", "en")  # known here: finding it needs no bus
+        student = {"student_url": "?token=" + tokens.issue(SECRET, room.room_id, "student", 600), "room_id": room.room_id}
+        token = token_of(student["student_url"])
+        async with live_worker(redis_url), serving((create_app(classroom), classroom)) as [(url, _)], \
+                aiohttp.ClientSession() as s:
+            await asyncio.to_thread(bus_redis.stop)
+            assert await refused(s, url, token, "ann-00000004") == 503
+            status, answer = await offer(s, url, student, "ann-00000004", NOT_AN_AUDIO_OFFER)
+            assert status == 503 and "seat" in answer["error"], answer
+            await asyncio.to_thread(bus_redis.start)
+            await (await join(s, url, token, "ann-00000004")).close()
+
+    with RedisServer() as bus_redis:
+        run(lambda: body(bus_redis))
