@@ -122,14 +122,18 @@ class Classroom:
         """A new room, announced on the bus so that every gateway of the deployment can seat its
         students and feed its teacher."""
         room = self.rooms.create(name, language)
-        await self.bus.save_room(room.room_id, {"name": name, "language": language})
+        # The limit travels with the room: every gateway seats against the creator's.
+        await self.bus.save_room(room.room_id, {"name": name, "language": language, "max_students": str(room.max_students)})
         return room
 
     async def find_room(self, room_id: str) -> Room | None:
         """This process's room, or one another gateway created (read once from the bus)."""
         room = self.rooms.get(room_id)
         if room is None and (meta := await self.bus.load_room(room_id)):
-            room = self.rooms.adopt(room_id, meta.get("name", ""), meta.get("language", "auto"))
+            limit = meta.get("max_students", "")
+            room = self.rooms.adopt(
+                room_id, meta.get("name", ""), meta.get("language", "auto"), int(limit) if limit.isdigit() else None
+            )
         return room
 
     async def check_capacity(self) -> None:

@@ -221,3 +221,20 @@ def test_bus_failure_while_seating_is_503_and_passes(redis_url):
 
     with RedisServer() as bus_redis:
         run(lambda: body(bus_redis))
+
+
+def test_the_room_keeps_its_creators_limit_on_every_gateway(redis_url):
+    """A room created on a gateway with --max-students 2 is full at 2 on a gateway started with
+    10 as well: the limit travels with the room's record."""
+
+    async def body() -> None:
+        apps = (gateway_app(settings(redis_url, max_students=2), 5.0), gateway_app(settings(redis_url, max_students=10), 5.0))
+        async with live_worker(redis_url), serving(*apps) as [(a, _), (b, _)], aiohttp.ClientSession() as s:
+            room = await create_room(s, a, ADMIN_TOKEN, "small room")
+            token = token_of(room["student_url"])
+            ann = await join(s, b, token, "ann-00000002")
+            bob = await join(s, b, token, "bob-00000002")
+            assert await refused(s, b, token, "cyd-00000002") == 429
+            await asyncio.gather(ann.close(), bob.close())
+
+    run(body)

@@ -44,10 +44,11 @@ class RoomRegistry:
         self.rooms[room.room_id] = room
         return room
 
-    def adopt(self, room_id: str, name: str, language: str) -> Room:
-        """A room created by another process of the deployment, seated here from now on."""
-        room = self.rooms.setdefault(room_id, Room(room_id, name, language, self.max_students))
-        return room
+    def adopt(self, room_id: str, name: str, language: str, max_students: int | None = None) -> Room:
+        """A room created by another process of the deployment, seated here from now on, with the
+        student limit it was created with (this process's own for a record that has none)."""
+        limit = max_students if max_students is not None else self.max_students
+        return self.rooms.setdefault(room_id, Room(room_id, name, language, limit))
 
     def get(self, room_id: str) -> Room | None:
         return self.rooms.get(room_id)
