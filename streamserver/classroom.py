@@ -61,6 +61,7 @@ class Classroom:
         self.busy_answers = self.metrics.add(Counter("streamserver_busy_rejections_total", "joins turned away as busy"))
         self._depth_task: asyncio.Task | None = None
         self._seat_task: asyncio.Task | None = None
+        self._publish_locks: dict[str, asyncio.Lock] = {}
 
     async def start(self) -> None:
         self.worker.start()
@@ -205,11 +206,16 @@ class Classroom:
         await self._publish(event.room_id, event.to_json())
 
     async def _publish(self, room_id: str, event_json: str) -> None:
-        """A bus outage loses this event's live delivery (logged), never the server."""
-        try:
-            await self.bus.publish(room_id, event_json)
-        except Exception:
-            log.exception("could not publish to room %s", room_id)
+        """A bus outage loses this event's live delivery (logged), never the server. A room's
+        events leave in the order they were made: speaking_started and _stopped are published from
+        tasks made back to back, and two publishes on the connection pool can overtake each other
+        (a dashboard then showed a student speaking who had stopped). asyncio.Lock is FIFO."""
+        lock = self._publish_locks.setdefault(room_id, asyncio.Lock())
+        async with lock:
+            try:
+                await self.bus.publish(room_id, event_json)
+            except Exception:
+                log.exception("could not publish to room %s", room_id)
 
     async def open_stream(self, room: Room, student_id: str, name: str) -> StudentAudio:
         """A student's audio over a transport the caller owns (WebSocket ingest): the same pipeline,
