@@ -173,9 +173,12 @@ class RedisBus:
         while not self._closed:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(channel)
                 if mark is None:
+                    # Read before SUBSCRIBE: an event published right after SUBSCRIBE whose message
+                    # is lost with the connection (before it was read) is then still replayed.
+                    # Read after, such an event sat below the mark and was lost for good.
                     mark = await self._history_end(room_id)
+                await pubsub.subscribe(channel)
                 if lost:
                     log.info("resubscribed to %s", channel)
                     lost = False
