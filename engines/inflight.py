@@ -277,38 +277,29 @@ class InflightDecoder:
         at its last forced token: the next step feeds it and yields the first free token. The
         no-speech probability is read from this pass when <|startoftranscript|> is in it."""
         if prefilled is not None and all(tuple(j.prefix) == prefilled.prefix for j in jobs):
-            self._write_prefix(slice(start, start + len(jobs)), prefilled.prefix, prefilled.kv, prefilled.no_speech)
+            self._write_prefix(slice(start, start + len(jobs)), prefilled)
             return
         groups: dict[tuple[int, ...], list[int]] = {}
         for j, job in enumerate(jobs):
             groups.setdefault(tuple(job.prefix), []).append(j)
-        dev, tok = self.model.device, self.tok
         for prefix, members in groups.items():
-            L = len(prefix) - 1
-            if L < 1:
+            if len(prefix) < 2:
                 continue  # a one-token prefix: the step feeds it from position 0
             whole = len(members) == len(jobs)
-            index = to_device(members, dev)
+            index = to_device(members, self.model.device)
             rows = slice(start, start + len(jobs)) if whole else index + start
             group_kv = cross_kv if whole else [(k[index], v[index]) for k, v in cross_kv]
-            sot = jobs[members[0]].sot_index
-            tokens = to_device(list(prefix[:L]), dev)[None, :].expand(len(members), L)
-            kv, logits = self.model.prefill(tokens, group_kv, sot if sot < L else None)
-            no_speech = None if logits is None else torch.softmax(logits, dim=-1)[:, tok.no_speech]
-            self._write_prefix(rows, prefix, kv, no_speech)
+            self._write_prefix(rows, prefix_pass(self.model, self.tok, prefix, jobs[members[0]].sot_index, group_kv))
 
-    def _write_prefix(
-        self, rows: "slice | torch.Tensor", prefix: tuple[int, ...], kv: list[tuple[torch.Tensor, torch.Tensor]],
-        no_speech: torch.Tensor | None,
-    ) -> None:
-        L = len(prefix) - 1
-        for (k, v), (nk, nv) in zip(self.self_kv, kv):
+    def _write_prefix(self, rows: "slice | torch.Tensor", prefilled: "Prefilled") -> None:
+        L = len(prefilled.prefix) - 1
+        for (k, v), (nk, nv) in zip(self.self_kv, prefilled.kv):
             k[rows, :, :L] = nk
             v[rows, :, :L] = nv
         self.pos[rows] = L
-        self.token[rows] = prefix[L]
-        if no_speech is not None:
-            self.no_speech[rows] = no_speech
+        self.token[rows] = prefilled.prefix[L]
+        if prefilled.no_speech is not None:
+            self.no_speech[rows] = prefilled.no_speech
             self.sot_pos[rows] = -1  # read here, not by a step
 
     _max_ctx = 0
@@ -434,6 +425,21 @@ class Prefilled:
 
     def rows(self, part: slice) -> "Prefilled":
         return Prefilled(self.prefix, [(k[part], v[part]) for k, v in self.kv], None if self.no_speech is None else self.no_speech[part])
+
+
+def prefix_pass(
+    model: TorchWhisper, tok: WhisperTokenizer, prefix: tuple[int, ...], sot_index: int,
+    cross_kv: list[tuple[torch.Tensor, torch.Tensor]], ids: torch.Tensor | None = None,
+) -> Prefilled:
+    """All forced tokens of `prefix` but the last, for every row of cross_kv, in one pass.
+    `ids`: those tokens already on the device, for a pass captured in a CUDA graph (a capture
+    must not copy from host memory that is reused once it ends)."""
+    L = len(prefix) - 1
+    if ids is None:
+        ids = to_device(list(prefix[:L]), model.device)
+    kv, logits = model.prefill(ids[None, :].expand(cross_kv[0][0].shape[0], L), cross_kv, sot_index if sot_index < L else None)
+    no_speech = None if logits is None else torch.softmax(logits, dim=-1)[:, tok.no_speech]
+    return Prefilled(prefix, kv, no_speech)
 
 
 @dataclass

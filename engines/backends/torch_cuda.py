@@ -29,7 +29,7 @@ except ImportError as error:  # pragma: no cover - depends on the install
 from torch.nn.attention import sdpa_kernel
 
 from engines.engine import DEFAULT_PROMPTS, Engine, Transcript, token_budget
-from engines.inflight import InflightDecoder, Job, Prefilled, make_prefix
+from engines.inflight import InflightDecoder, Job, Prefilled, make_prefix, prefix_pass
 from engines.policy import EncoderPolicy
 from engines.tokenizer import WhisperTokenizer
 from engines.torch_whisper import EAGER_ATTENTION, GpuLogMel, TorchWhisper, to_device
@@ -65,7 +65,7 @@ class TorchCudaEngine(Engine):
         self.mel = GpuLogMel(device)
         compile_step = device.type == "cuda" and os.environ.get("STREAMSERVER_TORCH_COMPILE", "1") != "0"
         self.decoder = InflightDecoder(self.whisper, tokenizer, slots=slots, compile=compile_step)
-        self._encoders: dict[tuple[int, int, tuple[int, ...] | None], tuple["torch.cuda.CUDAGraph", "torch.Tensor", tuple]] = {}
+        self._encoders: dict[tuple[int, int, tuple[int, ...] | None], tuple] = {}  # graph, input, outputs, token ids
         self._prefixes: dict[tuple[str, str | None], tuple[list[int], int]] = {}
         self._prefetched: dict[int, tuple[list[int], tuple]] = {}  # frames -> (ids of its audios, encode())
         # The encoder runs on a stream of its own, so that encoding new arrivals fills the SMs the
@@ -86,9 +86,10 @@ class TorchCudaEngine(Engine):
         share (prefix_for()), the pass over those tokens, run in the encoder's own graph. Pass all
         three to the decoder's submit(): the host never waits for the encoder."""
         tokens = tuple(prefix[0]) if prefix and len(prefix[0]) > 1 else None
+        sot_index = prefix[1] if prefix else 0
         if self._stream is None:
             cross_kv = self.whisper.encode(self.mel(list(audios), n_frames, self.policy.pad_value))
-            return cross_kv, None, self._prefill(tokens, prefix[1], cross_kv) if tokens and prefix else None
+            return cross_kv, None, prefix_pass(self.whisper, self.tokenizer, tokens, sot_index, cross_kv) if tokens else None
         main = torch.cuda.current_stream()
         with torch.cuda.stream(self._stream):
             # Log-mel over the whole batch bucket (empty rows fill it): cuFFT then plans once per
@@ -97,10 +98,10 @@ class TorchCudaEngine(Engine):
             padding = [_NO_AUDIO] * (size - len(audios))
             mel = self.mel(list(audios) + padding, n_frames, self.policy.pad_value)[: len(audios)]
             if len(audios) <= ENCODER_BUCKETS[-1]:
-                cross_kv, prefilled = self._encode_graph(mel, tokens, prefix[1] if prefix else 0)
+                cross_kv, prefilled = self._encode_graph(mel, tokens, sot_index)
             else:
                 cross_kv = self.whisper.encode(mel)
-                prefilled = self._prefill(tokens, prefix[1], cross_kv) if tokens and prefix else None
+                prefilled = prefix_pass(self.whisper, self.tokenizer, tokens, sot_index, cross_kv) if tokens else None
             ready = torch.cuda.Event()
             ready.record()
         outputs = [t for kv in cross_kv for t in kv] + ([t for kv in prefilled.kv for t in kv] if prefilled else [])
@@ -109,15 +110,6 @@ class TorchCudaEngine(Engine):
         for t in outputs:  # used on the main stream: not to be reused before it has read them
             t.record_stream(main)
         return cross_kv, ready, prefilled
-
-    def _prefill(self, tokens: tuple[int, ...], sot_index: int, cross_kv: list[tuple["torch.Tensor", "torch.Tensor"]]) -> Prefilled:
-        """All forced tokens but the last, for every row of cross_kv (see InflightDecoder._prefill)."""
-        L = len(tokens) - 1
-        n = cross_kv[0][0].shape[0]
-        ids = to_device(list(tokens[:L]), self.whisper.device)[None, :].expand(n, L)
-        kv, logits = self.whisper.prefill(ids, cross_kv, sot_index if sot_index < L else None)
-        no_speech = None if logits is None else torch.softmax(logits, dim=-1)[:, self.tokenizer.no_speech]
-        return Prefilled(tokens, kv, no_speech)
 
     def _encode_graph(
         self, mel: "torch.Tensor", tokens: tuple[int, ...] | None, sot_index: int
@@ -130,17 +122,19 @@ class TorchCudaEngine(Engine):
         entry = self._encoders.get((size, frames, tokens))
         if entry is None:
             static_in = torch.zeros(size, mel.shape[1], frames, device=mel.device)
+            # The forced tokens live on the device before the capture, and as long as the graph.
+            ids = torch.tensor(tokens[:-1], device=mel.device) if tokens else None
 
             def body() -> tuple[list, Prefilled | None]:
                 cross = self.whisper.encode(static_in)
-                return cross, (self._prefill(tokens, sot_index, cross) if tokens else None)
+                return cross, (prefix_pass(self.whisper, self.tokenizer, tokens, sot_index, cross, ids) if tokens else None)
 
             body()  # warm-up outside the capture (on the encoder's stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._encoder_pool, stream=self._stream):
                 static_out = body()
-            entry = self._encoders[(size, frames, tokens)] = (graph, static_in, static_out)
-        graph, static_in, (static_kv, static_prefilled) = entry
+            entry = self._encoders[(size, frames, tokens)] = (graph, static_in, static_out, ids)
+        graph, static_in, (static_kv, static_prefilled), _ids = entry
         static_in[:n].copy_(mel)
         graph.replay()
         # Copies: the next replay overwrites the graph's outputs, and these may still wait for slots.
