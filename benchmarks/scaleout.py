@@ -31,6 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from streamserver.audio.segmenter import SegmenterConfig
 from tests.redis_server import RedisServer, free_port
 
 EXE = [sys.executable, "-m", "streamserver"]
@@ -161,7 +162,7 @@ def main() -> int:
         report = json.loads(report_path.read_text()) if simulated else {}
         report["scenario"] = {
             "gateways": args.gateways, "workers": args.workers, "threads_per_worker": args.threads, "max_batch": args.max_batch, "model": args.model,
-            "backend": args.backend, "worker_args": args.worker_args, "vad_hangover_ms": args.vad_hangover_ms or 500,
+            "backend": args.backend, "worker_args": args.worker_args, "vad_hangover_ms": args.vad_hangover_ms or SegmenterConfig.hangover_ms,
             "loadsim_processes": args.loadsim_processes, "ready_after_s": ready_s,
             "ort_spin": env.get("STREAMSERVER_ORT_SPIN", "0 (the worker default)"), "killed": killed, "loadsim_exit": rc, "cpus": os.cpu_count(),
             "command": " ".join(sys.argv),
