@@ -28,7 +28,7 @@ from streamserver.transport import ws_ingest
 from streamserver.transport.webrtc import OfferError
 
 log = logging.getLogger(__name__)
-WEB_DEMO = Path(__file__).resolve().parents[2] / "web_demo"
+WEB_DEMO = Path(__file__).resolve().parents[1] / "web_demo"  # package data
 CLASSROOM = web.AppKey("classroom", Classroom)
 
 
