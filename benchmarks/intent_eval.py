@@ -21,9 +21,9 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.intent.train import DATA, load  # noqa: E402
 from streamserver.intent import LABELS  # noqa: E402
 from streamserver.intent.model import EmbeddingIntentClassifier  # noqa: E402
-from streamserver.intent.train import DATA, load  # noqa: E402
 
 NULL = -1
 

@@ -1,6 +1,6 @@
 """The default classifier: sentence embedding + text cues -> softmax over the five labels.
 
-Trained by `python -m streamserver.intent.train` (weights in intent_model.npz beside this file):
+Trained by `python -m benchmarks.intent.train` (weights in intent_model.npz beside this file):
 multinomial logistic regression on the train split, its temperature fitted on the dev split
 so that `score` is a calibrated probability, and the confidence threshold below which the
 label is None chosen on the dev split. The test split is never looked at in training.

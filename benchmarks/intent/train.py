@@ -1,7 +1,10 @@
 """Train the intent classifier on benchmarks/intent/utterances.jsonl (train split), calibrate on
 the dev split, write streamserver/intent/intent_model.npz. The test split is not read.
 
-    .venv/bin/python -m streamserver.intent.train
+A development tool beside its data, not part of the package: the installed server only reads
+the intent_model.npz this writes (package data).
+
+    .venv/bin/python -m benchmarks.intent.train
 """
 
 from __future__ import annotations
@@ -16,9 +19,7 @@ from streamserver.intent import LABELS
 from streamserver.intent.e5_onnx import OnnxE5Embedder
 from streamserver.intent.model import MODEL_PATH, NGRAM_SCALE, features, softmax
 
-DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "intent" / "utterances.jsonl"
-
-
+DATA = Path(__file__).resolve().with_name("utterances.jsonl")
 EXTRA = DATA.with_name("train_extra.jsonl")  # more training lines, written apart from the test split
 
 

@@ -1,0 +1,1 @@
+"""The labelled intent set and the tool that trains streamserver/intent/intent_model.npz from it."""
