@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Mapping, Sequence
 
 ADMIN_TOKEN = "test-admin-token"
 
@@ -20,16 +21,20 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *extra: str, model: str = "tiny.en") -> None:
+    """`program serve ...` (by default this interpreter's streamserver) in `cwd`, with `env`
+    (default: this process's) plus the admin token; its output goes to `self.log`."""
+
+    def __init__(self, *extra: str, model: str = "tiny.en", program: Sequence[str] = (sys.executable, "-m", "streamserver"),
+                 cwd: Path | None = None, env: Mapping[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, STREAMSERVER_ADMIN_TOKEN=ADMIN_TOKEN)
+        environ = dict(os.environ if env is None else env, STREAMSERVER_ADMIN_TOKEN=ADMIN_TOKEN)
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"streamserver-test-{self.port}.log"
         self._log_file = self.log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streamserver", "serve", "--port", str(self.port), "--ice-host", "127.0.0.1",
+            [*program, "serve", "--port", str(self.port), "--ice-host", "127.0.0.1",
              "--model", model, "--threads", "2", *extra],
-            env=env, stdout=self._log_file, stderr=subprocess.STDOUT,
+            env=environ, cwd=cwd, stdout=self._log_file, stderr=subprocess.STDOUT,
         )
         self._wait_ready()
 
