@@ -60,7 +60,7 @@ def load_clips(folder: Path) -> list[Clip]:
 
 
 def make_ours(model: str, language: str, threads: int, policy: str | None = None) -> Transcriber:
-    from engines.engine import load_engine
+    from engines.loading import load_engine
 
     engine = load_engine(model, threads=threads, policy=policy)
     prompt = PROMPTS[language]

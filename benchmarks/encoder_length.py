@@ -23,7 +23,7 @@ if __package__ in (None, ""):
 
 from benchmarks.compare_faster_whisper import PROMPTS, load_clips  # noqa: E402
 from benchmarks.scoring import cer, has_traditional, wer  # noqa: E402
-from engines.engine import load_engine  # noqa: E402
+from engines.loading import load_engine  # noqa: E402
 from engines.policy import POLICIES  # noqa: E402
 
 

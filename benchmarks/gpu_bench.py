@@ -59,7 +59,7 @@ def transcripts(engine: Any, clips: dict[str, np.ndarray], languages: dict[str, 
 
 def prepare(out: Path, clip_dirs: list[Path]) -> None:
     from engines.audio import load_audio
-    from engines.engine import load_engine
+    from engines.loading import load_engine
 
     out.mkdir(parents=True, exist_ok=True)
     clips: dict[str, np.ndarray] = {}
@@ -118,7 +118,7 @@ def hf_model(model: str, device: Any) -> tuple[Any, Callable[[list[np.ndarray]],
 
     from engines.engine import token_budget
     from engines.tokenizer import WhisperTokenizer
-    from engines.torch_whisper import GpuLogMel
+    from engines.gpu.model import GpuLogMel
     from engines.weights import load_weights
 
     w = load_weights(model)
@@ -378,7 +378,7 @@ def run(
 ) -> None:
     import torch
 
-    from engines.backends.torch_cuda import TorchCudaEngine
+    from engines.gpu.engine import TorchCudaEngine
     from engines.policy import POLICIES, default_policy
     from engines.tokenizer import WhisperTokenizer
     from engines.weights import load_weights

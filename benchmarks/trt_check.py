@@ -28,7 +28,8 @@ from typing import Any, Sequence
 
 from engines.graphs import GRAPH_VERSION, graph_paths
 from engines.tensorrt import BackendUnavailable, current_gpu, import_tensorrt, is_strongly_typed
-from engines.tensorrt.builder import FLAVOUR, BuildError, GraphBuild, check_precision, collecting_logger, identity_for
+from engines.tensorrt.builder import FLAVOUR, BuildError, GraphBuild, check_precision, identity_for
+from engines.tensorrt.device import collecting_logger
 from engines.tensorrt.profiles import Profile, engine_profiles
 from engines.tensorrt.runtime import engine_profiles_of
 from engines.weights import load_weights

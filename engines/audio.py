@@ -3,7 +3,8 @@
 PyAV (bundled FFmpeg) reads whatever a teacher uploads: wav, mp3, ogg/opus,
 m4a, or the audio track of a video. Every failure is reported as one
 :class:`AudioError` naming the file and the reason, so the server can turn it
-into a clean client error instead of a stack trace.
+into a clean client error instead of a stack trace. :class:`Resampler` is the
+same conversion for a live stream's frames (the server's transports use it).
 """
 
 from __future__ import annotations
@@ -35,6 +36,48 @@ def _new_resampler() -> av.AudioResampler:
 
 def _to_samples(frames: list[av.AudioFrame]) -> list[np.ndarray]:
     return [f.to_ndarray().reshape(-1) for f in frames]
+
+
+_EMPTY = np.zeros(0, dtype=np.int16)
+
+
+class Resampler:
+    """Frames of any rate, layout and sample format -> 16 kHz mono int16, one per stream: the
+    resampler's filter state carries across frames, so there are no clicks at frame edges."""
+
+    def __init__(self) -> None:
+        self._resampler = _new_resampler()
+        self._source: tuple[str, str, int] | None = None
+
+    def push(self, frame: av.AudioFrame) -> np.ndarray:
+        """Resample one frame; returns the int16 samples ready now (a few may lag in the filter)."""
+        out: list[np.ndarray] = []
+        source = (frame.format.name, frame.layout.name, frame.sample_rate)
+        if self._source is not None and source != self._source:
+            # A stream may change rate or layout midway; PyAV's resampler is fixed to its
+            # first input's format, so drain it and start a new one.
+            out += _to_samples(self._resampler.resample(None))
+            self._resampler = _new_resampler()
+        self._source = source
+        # Resample by sample count, not by timestamps: WebRTC pts jump after packet loss or
+        # reordering, and timestamp-driven resampling would then pad or drop audio.
+        frame.pts = None
+        out += _to_samples(self._resampler.resample(frame))
+        return _join(out)
+
+    def flush(self) -> np.ndarray:
+        """End of stream: the samples still held in the resampler's filter."""
+        if self._source is None:
+            return _EMPTY
+        out = _join(_to_samples(self._resampler.resample(None)))
+        self._resampler, self._source = _new_resampler(), None
+        return out
+
+
+def _join(chunks: list[np.ndarray]) -> np.ndarray:
+    if not chunks:
+        return _EMPTY
+    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
 
 
 def _decode_tolerantly(
@@ -74,19 +117,10 @@ def load_audio(path: str | os.PathLike[str]) -> np.ndarray:
             if not container.streams.audio:
                 raise AudioError(f"{path}: no audio stream in file")
             stream = container.streams.audio[0]
-            resampler = _new_resampler()
-            source = None
+            resampler = Resampler()
             for frame in _decode_tolerantly(container, stream, skipped):
-                # A stream may change rate or layout midway; PyAV's resampler
-                # is fixed to its first input, so flush it and start anew.
-                shape = (frame.format.name, frame.layout.name, frame.sample_rate)
-                if source is not None and shape != source:
-                    chunks += _to_samples(resampler.resample(None))
-                    resampler = _new_resampler()
-                source = shape
-                frame.pts = None  # resample by sample count, not by timestamps
-                chunks += _to_samples(resampler.resample(frame))
-            chunks += _to_samples(resampler.resample(None))  # flush the tail
+                chunks.append(resampler.push(frame))
+            chunks.append(resampler.flush())  # the tail
     except AudioError:
         raise
     except av.error.FFmpegError as exc:
@@ -95,7 +129,7 @@ def load_audio(path: str | os.PathLike[str]) -> np.ndarray:
     except (OSError, ValueError, RuntimeError) as exc:
         raise AudioError(f"{path}: could not decode audio ({exc})") from exc
 
-    pcm = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
+    pcm = _join(chunks)
     if pcm.size == 0:
         if skipped[0]:
             raise AudioError(f"{path}: audio stream is corrupt ({skipped[0]} undecodable packets, no samples)")

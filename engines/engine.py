@@ -4,29 +4,29 @@ One Engine serves every student of every room. transcribe_batch groups utterance
 encoder length (see policy.py) into one encoder call and one decode loop, then applies the
 guards that keep text off non-speech: Whisper's no-speech gate and a repetition check that
 re-runs a suspicious utterance with the full 30 s window before giving up on it.
+
+Engine holds those guards and leaves the recognition itself (_run) to its subclasses:
+StepEngine drives a step-by-step Backend (engines/backends: ONNX Runtime, TensorRT) through
+decoding.py; engines/gpu/engine.py runs whole batches on the GPU. engines/loading.py picks one.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 import zlib
-from collections import Counter, defaultdict
+from abc import ABC, abstractmethod
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from engines.backends import ENGINES, Backend, create_backend
+from engines.backends import Backend
 from engines.decoding import Decoded, detect_languages, greedy_decode
-from engines.graphs import DEFAULT_PRECISION
 from engines.features import N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel
-from engines.policy import POLICIES, EncoderPolicy, default_policy
+from engines.policy import EncoderPolicy
 from engines.tokenizer import WhisperTokenizer
 from engines.voicing import has_voicing
-from engines.weights import Weights, load_weights
-
-log = logging.getLogger(__name__)
 
 # Whisper base drifts to traditional characters without a simplified-Chinese prompt.
 DEFAULT_PROMPTS = {"zh": "以下是普通话的句子。"}
@@ -63,10 +63,12 @@ def compression_ratio(text: str) -> float:
     return len(raw) / len(zlib.compress(raw)) if raw else 0.0
 
 
-class Engine:
-    def __init__(self, model: str, backend: Backend, tokenizer: WhisperTokenizer, policy: EncoderPolicy) -> None:
+class Engine(ABC):
+    """What every engine shares: input checks, the voicing gate, the no-speech and repetition
+    guards, the 30 s re-run of a loop, simplified Chinese. Subclasses implement _run."""
+
+    def __init__(self, model: str, tokenizer: WhisperTokenizer, policy: EncoderPolicy) -> None:
         self.model = model
-        self.backend = backend
         self.tokenizer = tokenizer
         self.policy = policy
         self._t2s: Callable[[str], str] | None = None
@@ -127,33 +129,15 @@ class Engine:
         """Audio of any length: cut into windows of at most 30 s at quiet points, batched together."""
         return self.transcribe_batch(split_on_quiet(audio), language, prompt)
 
+    @abstractmethod
     def _run(self, audios: Sequence[np.ndarray], frames: list[int], language: str | None, prompt: str | None) -> list[Transcript]:
-        results: list[Transcript | None] = [None] * len(audios)
-        by_frames: dict[int, list[int]] = defaultdict(list)
-        for i, f in enumerate(frames):
-            by_frames[f].append(i)
-        for n_frames, rows in by_frames.items():
-            mel = np.stack([log_mel(audios[i], n_frames, self.policy.pad_value) for i in rows])
-            state = self.backend.encode(mel)
-            if not self.multilingual:
-                languages = ["en"] * len(rows)
-            elif language is None:
-                languages = detect_languages(self.backend, state, self.tokenizer, len(rows))
-            else:
-                languages = [language] * len(rows)
-            # Rows with different languages get different prompts, so they decode apart.
-            by_language: dict[str, list[int]] = defaultdict(list)
-            for slot, lang in enumerate(languages):
-                by_language[lang].append(slot)
-            for lang, slots in by_language.items():
-                sub = state if len(slots) == len(rows) else self.backend.keep(state, np.array(slots))
-                text_prompt = prompt if prompt is not None else DEFAULT_PROMPTS.get(lang)
-                prompt_ids = self.tokenizer.encode(" " + text_prompt.strip()) if text_prompt else None
-                budgets = [token_budget(audios[rows[s]].size) for s in slots]
-                decoded = greedy_decode(self.backend, sub, self.tokenizer, [lang] * len(slots), budgets, prompt_ids)
-                for s, d in zip(slots, decoded):
-                    results[rows[s]] = self._finish(d, n_frames)
-        return [r for r in results if r is not None]
+        """Recognise utterances at the given encoder frames (language None: detect it per
+        utterance), each result through _finish; in input order."""
+
+    def _prompt_ids(self, language: str, prompt: str | None) -> list[int] | None:
+        """The prompt's tokens: the given text, else the language's default (DEFAULT_PROMPTS)."""
+        text_prompt = prompt if prompt is not None else DEFAULT_PROMPTS.get(language)
+        return self.tokenizer.encode(" " + text_prompt.strip()) if text_prompt else None
 
     def _finish(self, d: Decoded, n_frames: int) -> Transcript:
         text = self.tokenizer.decode(d.tokens).strip()
@@ -175,6 +159,41 @@ class Engine:
 
             self._t2s = OpenCC("t2s").convert
         return self._t2s(text)
+
+
+class StepEngine(Engine):
+    """An Engine over a step-by-step Backend: encoder and decoder steps as numpy calls, Whisper's
+    rules in decoding.py."""
+
+    def __init__(self, model: str, backend: Backend, tokenizer: WhisperTokenizer, policy: EncoderPolicy) -> None:
+        super().__init__(model, tokenizer, policy)
+        self.backend = backend
+
+    def _run(self, audios: Sequence[np.ndarray], frames: list[int], language: str | None, prompt: str | None) -> list[Transcript]:
+        results: list[Transcript | None] = [None] * len(audios)
+        by_frames: dict[int, list[int]] = defaultdict(list)
+        for i, f in enumerate(frames):
+            by_frames[f].append(i)
+        for n_frames, rows in by_frames.items():
+            mel = np.stack([log_mel(audios[i], n_frames, self.policy.pad_value) for i in rows])
+            state = self.backend.encode(mel)
+            if not self.multilingual:
+                languages = ["en"] * len(rows)
+            elif language is None:
+                languages = detect_languages(self.backend, state, self.tokenizer, len(rows))
+            else:
+                languages = [language] * len(rows)
+            # Rows with different languages get different prompts, so they decode apart.
+            by_language: dict[str, list[int]] = defaultdict(list)
+            for slot, lang in enumerate(languages):
+                by_language[lang].append(slot)
+            for lang, slots in by_language.items():
+                sub = state if len(slots) == len(rows) else self.backend.keep(state, np.array(slots))
+                budgets = [token_budget(audios[rows[s]].size) for s in slots]
+                decoded = greedy_decode(self.backend, sub, self.tokenizer, [lang] * len(slots), budgets, self._prompt_ids(lang, prompt))
+                for s, d in zip(slots, decoded):
+                    results[rows[s]] = self._finish(d, n_frames)
+        return [r for r in results if r is not None]
 
 
 def _looks_looped(result: Transcript) -> bool:
@@ -202,52 +221,3 @@ def split_on_quiet(audio: np.ndarray, window_s: float = 30.0, search_s: float = 
         start = cut
     pieces.append(audio[start:])
     return [p for p in pieces if p.size]
-
-
-# Engine loads by (backend, outcome): what /metrics reports, and how a silent fall back to the CPU
-# shows up on a machine whose GPU path broke.
-ENGINE_LOADS: Counter[tuple[str, str]] = Counter()
-
-
-def load_engine(
-    model: str = "tiny.en",
-    backend: str = "onnxruntime",
-    threads: int = 2,
-    policy: str | None = None,
-    precision: str = DEFAULT_PRECISION,
-    progress: Callable[[str], None] | None = None,
-) -> Engine:
-    """An engine for a packaged model; the first call builds its graphs into the cache.
-    policy None takes the model's measured default (engines/policy.py). backend "auto" tries
-    tensorrt, then torch-cuda, then onnxruntime, with a warning for each that cannot load."""
-    policy = policy or default_policy(model)
-    if policy not in POLICIES:
-        raise ValueError(f"unknown encoder policy {policy!r}; choose one of: {', '.join(POLICIES)}")
-    if backend != "auto" and backend not in ENGINES:
-        raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(ENGINES)}, auto")
-    weights = load_weights(model)
-    tokenizer = WhisperTokenizer.load(weights.folder, weights.config, weights.dims.n_vocab)
-    for name in ENGINES if backend == "auto" else (backend,):
-        try:
-            engine = _engine(name, model, weights, tokenizer, POLICIES[policy], threads, precision, progress)
-        except Exception as error:  # noqa: BLE001 - any failure to load falls through to the next
-            ENGINE_LOADS[(name, "failed")] += 1
-            if backend != "auto":
-                raise
-            log.warning("backend %s did not load (%s); trying the next", name, error)
-            continue
-        ENGINE_LOADS[(name, "loaded")] += 1
-        return engine
-    raise AssertionError("onnxruntime is always the last resort")  # pragma: no cover
-
-
-def _engine(
-    name: str, model: str, weights: Weights, tokenizer: WhisperTokenizer, policy: EncoderPolicy, threads: int,
-    precision: str, progress: Callable[[str], None] | None,
-) -> Engine:
-    if name == "torch-cuda":
-        from engines.backends.torch_cuda import TorchCudaEngine
-
-        return TorchCudaEngine(model, weights, tokenizer, policy)
-    # TensorRT engines are fp16 or int8; the CPU default int8 means the same there.
-    return Engine(model, create_backend(name, weights, threads, precision, progress), tokenizer, policy)

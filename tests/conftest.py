@@ -23,13 +23,13 @@ def librivox() -> list[tuple[str, np.ndarray, str]]:
 
 @pytest.fixture(scope="session")
 def tiny_engine():
-    from engines.engine import load_engine
+    from engines.loading import load_engine
 
     return load_engine("tiny.en", threads=2)
 
 
 @pytest.fixture(scope="session")
 def base_engine():
-    from engines.engine import load_engine
+    from engines.loading import load_engine
 
     return load_engine("base", threads=2)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from engines.backends.onnxruntime import OnnxRuntimeBackend, new_session
-from engines.engine import Engine
+from engines.engine import StepEngine as Engine  # the Engine over a step-by-step Backend
 from engines.features import log_mel
 from engines.graphs import graph_paths
 from engines.policy import POLICIES, default_policy
@@ -29,9 +29,10 @@ from engines.tensorrt import BackendUnavailable, current_gpu, import_tensorrt, i
 from engines.tensorrt import builder, runtime
 from engines.tensorrt.cache_key import EngineFiles
 from engines.tensorrt.profiles import engine_profiles
-from engines.tensorrt.runtime import DeviceBuffer, TensorRTBackend, row_runs
+from engines.tensorrt.device import DeviceBuffer
+from engines.tensorrt.runtime import TensorRTBackend, row_runs
 from engines.tokenizer import WhisperTokenizer
-from engines.weights import load_weights
+from engines.weights import Weights, load_weights
 
 
 def _missing_reason() -> str | None:
@@ -196,9 +197,9 @@ def fake_tensorrt(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> int:
     trt.nptype = lambda dtype: dtype
     trt.Runtime = lambda logger: types.SimpleNamespace(deserialize_cuda_engine=lambda plan: FakeEngine(plan, cuda))
 
-    def ensure_engines(model: str, precision: str, max_batch_: int, progress: object) -> EngineFiles:
-        plans = {}
-        for graph, onnx_path in zip(("encoder", "decoder"), graph_paths(load_weights(model), "portable")):
+    def ensure_engines(weights: Weights, precision: str, max_batch_: int, progress: object) -> EngineFiles:
+        plans, model = {}, weights.name
+        for graph, onnx_path in zip(("encoder", "decoder"), graph_paths(weights, "portable")):
             plans[graph] = tmp_path / f"{model}.{graph}.plan"
             plans[graph].write_text(json.dumps({"onnx": str(onnx_path), "model": model, "graph": graph, "max_batch": max_batch}))
         return EngineFiles(tmp_path / f"{model}.json", plans)

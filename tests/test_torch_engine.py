@@ -12,13 +12,13 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is an optional extra (pip install 'streamserver[gpu]')")
 
 from engines.audio import load_audio  # noqa: E402
-from engines.backends.torch_cuda import TorchCudaEngine  # noqa: E402
-from engines.engine import load_engine  # noqa: E402
 from engines.features import log_mel  # noqa: E402
-from engines.inflight import InflightDecoder  # noqa: E402
+from engines.gpu.engine import TorchCudaEngine  # noqa: E402
+from engines.gpu.inflight import InflightDecoder  # noqa: E402
+from engines.gpu.model import GpuLogMel  # noqa: E402
+from engines.loading import load_engine  # noqa: E402
 from engines.policy import POLICIES, default_policy  # noqa: E402
 from engines.tokenizer import WhisperTokenizer  # noqa: E402
-from engines.torch_whisper import GpuLogMel  # noqa: E402
 from engines.weights import load_weights  # noqa: E402
 
 DATA = Path(__file__).parent / "data"

@@ -6,11 +6,9 @@ backend only has to move tensors, not re-implement Whisper.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
-
-from engines.weights import Weights
 
 
 class BackendUnavailable(RuntimeError):
@@ -30,25 +28,7 @@ class Backend(Protocol):
         """The state of the listed batch rows only: finished utterances stop costing work."""
 
 
-# Step-by-step backends. "torch-cuda" is a whole engine (engines/backends/torch_cuda.py) and
-# "auto" a choice among them: engines.engine.load_engine resolves both.
+# Step-by-step backends. "torch-cuda" is a whole engine (engines/gpu/) and "auto" a choice among
+# them: engines/loading.py resolves both, and builds each backend.
 BACKENDS = ("onnxruntime", "tensorrt")
 ENGINES = ("tensorrt", "torch-cuda", "onnxruntime")  # what "auto" tries, in this order
-
-
-def create_backend(
-    name: str, weights: Weights, threads: int, precision: str, progress: Callable[[str], None] | None = None
-) -> Backend:
-    if name == "onnxruntime":
-        from engines.backends.onnxruntime import OnnxRuntimeBackend
-
-        return OnnxRuntimeBackend(weights, threads, precision, progress)
-    if name == "tensorrt":
-        try:
-            from engines.tensorrt.runtime import TensorRTBackend
-        except ImportError as error:
-            raise BackendUnavailable(f"the tensorrt backend cannot load here: {error}") from error
-        # int8 is the CPU default; int8 TensorRT engines need calibration audio, so they are built
-        # on purpose (`streamserver engine build --precision int8`), and the default here is fp16.
-        return TensorRTBackend(weights, threads, "fp16" if precision == "int8" else precision, progress)
-    raise ValueError(f"unknown backend {name!r}; choose one of: {', '.join(ENGINES)}, auto")

@@ -1,8 +1,9 @@
 """The TensorRT path, for users who have TensorRT: engines built from the portable ONNX graphs.
 
 profiles.py (what shapes each engine is tuned for) -> cache_key.py (which GPU, TensorRT and
-weights an engine belongs to) -> builder.py (ONNX -> serialized engine) -> runtime.py (the
-Backend). This module only finds what is installed: the TensorRT module and the GPU's identity.
+weights an engine belongs to) -> device.py (the shared TensorRT logger, CUDA memory and stream)
+-> builder.py (ONNX -> serialized engine) -> runtime.py (the Backend). This module only finds
+what is installed: the TensorRT module and the GPU's identity.
 Nothing here imports TensorRT or CUDA at import time, so the CPU install never needs them.
 """
 

@@ -12,9 +12,7 @@ is bound by launches and memory reads that int8 barely shortens).
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Sequence
@@ -24,6 +22,7 @@ import numpy as np
 from engines.graphs import GRAPH_VERSION, graph_paths
 from engines.tensorrt import BackendUnavailable, Gpu, current_gpu, import_tensorrt, is_strongly_typed
 from engines.tensorrt.cache_key import EngineFiles, EngineIdentity, digest_files, engine_files, engines_dir, find_cached, write_sidecar
+from engines.tensorrt.device import collecting_logger, cuda_api
 from engines.tensorrt.profiles import Profile, engine_profiles
 from engines.weights import Weights, load_weights
 
@@ -51,31 +50,6 @@ def check_precision(trt: ModuleType, precision: str) -> None:
         )
     if precision == "int8" and not hasattr(trt, "IInt8EntropyCalibrator2"):
         raise BuildError(f"{trt.__name__} {trt.__version__} has no int8 entropy calibrator")
-
-
-@lru_cache(maxsize=None)
-def collecting_logger(trt: ModuleType) -> Any:
-    """The process's one TensorRT logger: TensorRT keeps the first logger it is given and
-    ignores later ones, so builders and runtimes must all share it."""
-
-    class Collecting(trt.ILogger):
-        """Keeps the latest warnings and errors, so that a failed build or load can say why."""
-
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-            self.recent: deque[str] = deque(maxlen=100)
-            self.count = 0  # messages ever logged: a mark for since()
-
-        def log(self, severity: Any, msg: str) -> None:
-            if int(severity) <= int(trt.ILogger.Severity.WARNING):
-                self.recent.append(f"{str(severity).rsplit('.', 1)[-1]}: {msg}")
-                self.count += 1
-
-        def since(self, mark: int) -> list[str]:
-            new = min(self.count - mark, len(self.recent))
-            return list(self.recent)[len(self.recent) - new :]
-
-    return Collecting()
 
 
 def _monitor(trt: ModuleType, progress: Progress) -> Any:
@@ -208,8 +182,6 @@ def calibration_batches(files: Sequence[Path], model: str, batch: int = CALIBRAT
 
 
 def _calibrator(trt: ModuleType, batches: list[np.ndarray], cache_path: Path) -> Any:
-    from engines.tensorrt.runtime import cuda_api
-
     cuda = cuda_api()
 
     class MelCalibrator(trt.IInt8EntropyCalibrator2):
@@ -258,14 +230,22 @@ def build_engines(
     model: str, precision: str = "fp16", calibration_dir: Path | None = None, max_batch: int = 64,
     progress: Progress | None = None, workspace_gib: int = WORKSPACE_GIB,
 ) -> EngineFiles:
-    """The encoder and decoder engines of a model for this GPU: from the cache, else built."""
-    say = progress or (lambda _: None)
+    """`streamserver engine build`: the encoder and decoder engines of a packaged model for this
+    GPU, from the cache, else built."""
     trt = import_tensorrt()  # first: where TensorRT is missing, nothing else is worth doing
     check_precision(trt, precision)
     if precision == "int8" and calibration_dir is None:
         raise BuildError("int8 needs representative speech to calibrate with: --calibration-dir DIR")
     gpu = current_gpu()
-    weights = load_weights(model)
+    return _engines(trt, gpu, load_weights(model), precision, calibration_dir, max_batch, progress, workspace_gib)
+
+
+def _engines(
+    trt: ModuleType, gpu: Gpu, weights: Weights, precision: str, calibration_dir: Path | None, max_batch: int,
+    progress: Progress | None, workspace_gib: int,
+) -> EngineFiles:
+    say = progress or (lambda _: None)
+    model = weights.name
     profiles = engine_profiles(weights.dims, model, max_batch)
     audio = calibration_files(Path(calibration_dir)) if precision == "int8" else []
     digest = digest_files(audio) if audio else None
@@ -301,14 +281,16 @@ def build_engines(
     return files
 
 
-def ensure_engines(model: str, precision: str, max_batch: int = 64, progress: Progress | None = None) -> EngineFiles:
-    """What the runtime loads: cached engines for this GPU, else fp16/fp32 ones built now. int8
-    needs the user's calibration audio, so only `streamserver engine build` makes it."""
-    if precision != "int8":
-        return build_engines(model, precision, None, max_batch, progress)
+def ensure_engines(weights: Weights, precision: str, max_batch: int = 64, progress: Progress | None = None) -> EngineFiles:
+    """What the runtime loads for the weights it has: cached engines for this GPU, else fp16/fp32
+    ones built now. int8 needs the user's calibration audio, so only `streamserver engine build`
+    makes it."""
     trt = import_tensorrt()
     check_precision(trt, precision)
-    gpu, weights = current_gpu(), load_weights(model)
+    gpu = current_gpu()
+    if precision != "int8":
+        return _engines(trt, gpu, weights, precision, None, max_batch, progress, WORKSPACE_GIB)
+    model = weights.name
     identity = identity_for(trt, gpu, weights, precision, engine_profiles(weights.dims, model, max_batch))
     files, refused = find_cached(identity, any_calibration=True)
     if files is None:

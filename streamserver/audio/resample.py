@@ -2,45 +2,15 @@
 
 from __future__ import annotations
 
-import av
 import numpy as np
 
-RATE = 16000
+from engines.audio import Resampler
+from engines.features import SAMPLE_RATE as RATE  # noqa: F401 - the transports' sample rate, imported from here
 
 
-def _new_resampler() -> av.AudioResampler:
-    # s16 output: FFmpeg averages stereo to mono for s16 (for flt it sums at 0.707 and can clip).
-    return av.AudioResampler(format="s16", layout="mono", rate=RATE)
-
-
-def _samples(frames: list[av.AudioFrame]) -> list[np.ndarray]:
-    return [f.to_ndarray().reshape(-1) for f in frames]
-
-
-_EMPTY = np.zeros(0, dtype=np.int16)
-
-
-class To16kMono:
-    """One per incoming track: keeps the resampler's filter state across frames, so no clicks at frame edges."""
-
-    def __init__(self) -> None:
-        self._resampler = _new_resampler()
-        self._source: tuple[str, str, int] | None = None
-
-    def push(self, frame: av.AudioFrame) -> np.ndarray:
-        """Resample one frame; returns the int16 samples ready now (a few may lag in the filter)."""
-        out: list[np.ndarray] = []
-        source = (frame.format.name, frame.layout.name, frame.sample_rate)
-        if self._source is not None and source != self._source:
-            # PyAV's resampler is fixed to its first input's format: drain it and start a new one.
-            out += _samples(self._resampler.resample(None))
-            self._resampler = _new_resampler()
-        self._source = source
-        # WebRTC pts jump after packet loss/reordering; timestamp-driven resampling would then
-        # pad or drop audio. Resample by sample count instead.
-        frame.pts = None
-        out += _samples(self._resampler.resample(frame))
-        return _join(out)
+class To16kMono(Resampler):
+    """One per incoming track: PyAV frames through push() and flush() (engines.audio.Resampler),
+    or PCM that is already 16 kHz mono through push_pcm16()."""
 
     def push_pcm16(self, samples: np.ndarray) -> np.ndarray:
         """Already 16 kHz mono (e.g. WebSocket ingest): validate and pass through as int16."""
@@ -52,17 +22,3 @@ class To16kMono:
         if samples.dtype != np.int16:
             raise TypeError(f"expected int16 or float samples, got {samples.dtype}")
         return np.ascontiguousarray(samples)
-
-    def flush(self) -> np.ndarray:
-        """End of track: the samples still held in the resampler's filter."""
-        if self._source is None:
-            return _EMPTY
-        out = _join(_samples(self._resampler.resample(None)))
-        self._resampler, self._source = _new_resampler(), None
-        return out
-
-
-def _join(chunks: list[np.ndarray]) -> np.ndarray:
-    if not chunks:
-        return _EMPTY
-    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)

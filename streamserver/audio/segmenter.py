@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import webrtcvad
 
+from engines.features import SAMPLE_RATE
 from streamserver.events import now
 
-RATE = 16000
 START_WINDOW = 5  # frames looked at to decide that speech started
 CUT_SEARCH_S = 1.0  # how far back from the max length to look for a pause to cut at
 # webrtcvad keeps answering "voiced" for 4 (mode 2-3) to 6 (mode 0-1) 30 ms frames after any
@@ -67,7 +67,7 @@ class SegmentedSpeech:
 
     @property
     def duration_s(self) -> float:
-        return len(self.audio) / RATE
+        return len(self.audio) / SAMPLE_RATE
 
 
 class UtteranceSegmenter:
@@ -83,7 +83,7 @@ class UtteranceSegmenter:
         self._on_utterance = on_utterance
         self._clock = clock
         self._vad = webrtcvad.Vad(c.aggressiveness)
-        self._n = RATE * c.frame_ms // 1000  # samples per frame
+        self._n = SAMPLE_RATE * c.frame_ms // 1000  # samples per frame
         frames = lambda ms: math.ceil(ms / c.frame_ms)  # noqa: E731
         self._pre_roll = frames(c.pre_roll_ms)
         self._post_roll = frames(c.post_roll_ms)
@@ -132,7 +132,7 @@ class UtteranceSegmenter:
         floor = self._floor if self._floor is not None else level
         # minimum tracking: follows the quietest recent frames (the room), not the voice
         self._floor = level if level < floor else floor + FLOOR_RISE * (level - floor)
-        voiced = self._vad.is_speech(frame.tobytes(), RATE)  # always: the VAD adapts on every frame
+        voiced = self._vad.is_speech(frame.tobytes(), SAMPLE_RATE)  # always: the VAD adapts on every frame
         return voiced and level >= SPEECH_OVER_FLOOR * floor
 
     def flush(self) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
 
+from engines.features import SAMPLE_RATE
 from streamserver.transport.webrtc import use_host_addresses
 
 # A feed event, the client clock when it arrived, and whether it is a replay of the room's history.
@@ -37,10 +38,10 @@ def admin_headers(token: str) -> dict[str, str]:
 def speech_file(path: Path, audio: np.ndarray, lead_s: float = 1.0, tail_s: float = 1.5) -> Path:
     """A 16 kHz wav with silence around the speech: audio before the connection is up is lost,
     and the tail lets the VAD's hangover close the utterance before the track ends."""
-    pad = lambda s: np.zeros(int(s * 16000), np.float32)  # noqa: E731
+    pad = lambda s: np.zeros(int(s * SAMPLE_RATE), np.float32)  # noqa: E731
     pcm = (np.clip(np.concatenate([pad(lead_s), audio, pad(tail_s)]), -1, 1) * 32767).astype(np.int16)
     with wave.open(str(path), "wb") as w:
-        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(SAMPLE_RATE)
         w.writeframes(pcm.tobytes())
     return path
 

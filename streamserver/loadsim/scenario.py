@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from engines.features import SAMPLE_RATE as RATE
+
 CLIPS_DIR = Path(__file__).resolve().parent / "clips"
-RATE = 16000
 MIN_GAP_S = 1.0
 WARMUP_CYCLES = 4
 

@@ -1,10 +1,11 @@
 """The PyTorch CUDA engine: log-mel, encoder and in-flight decoding on the GPU.
 
-An Engine (engines/engine.py) whose batches run through engines/inflight.py instead of the
-step-by-step Backend protocol: the greedy rules run on the GPU and only token ids come back, so
-a batch of 64 costs little more than a batch of one. Everything around the decoding (the
-voicing and no-speech gates, the repetition re-run, simplified Chinese) is the Engine's own,
-which is what makes its transcripts comparable with the CPU backend's.
+An Engine (engines/engine.py) whose batches run through the in-flight decoder (inflight.py)
+over the PyTorch model (model.py) instead of a step-by-step Backend: the greedy rules run on
+the GPU and only token ids come back, so a batch of 64 costs little more than a batch of one.
+Everything around the decoding (the voicing and no-speech gates, the repetition re-run,
+simplified Chinese) is the Engine's own, which is what makes its transcripts comparable with
+the CPU backend's.
 
 torch is an optional extra (`pip install 'streamserver[gpu]'`); importing this module without
 it raises BackendUnavailable with that advice.
@@ -28,11 +29,12 @@ except ImportError as error:  # pragma: no cover - depends on the install
 
 from torch.nn.attention import sdpa_kernel
 
-from engines.engine import DEFAULT_PROMPTS, Engine, Transcript, token_budget
-from engines.inflight import InflightDecoder, Job, Prefilled, make_prefix, prefix_pass
+from engines.engine import Engine, Transcript, token_budget
+from engines.features import SAMPLE_RATE
+from engines.gpu.inflight import InflightDecoder, Job, Prefilled, make_prefix, prefix_pass
+from engines.gpu.model import EAGER_ATTENTION, GpuLogMel, TorchWhisper, to_device
 from engines.policy import EncoderPolicy
 from engines.tokenizer import WhisperTokenizer
-from engines.torch_whisper import EAGER_ATTENTION, GpuLogMel, TorchWhisper, to_device
 from engines.weights import Weights
 
 
@@ -59,7 +61,7 @@ class TorchCudaEngine(Engine):
     ) -> None:
         device = device or cuda_device()
         torch.backends.cudnn.benchmark = True  # the encoder's convolutions see few distinct shapes
-        super().__init__(model, None, tokenizer, policy)  # type: ignore[arg-type]  # no step-by-step backend
+        super().__init__(model, tokenizer, policy)
         dtype = torch.float16 if device.type == "cuda" else torch.float32
         self.whisper = TorchWhisper(weights, device, dtype)
         self.mel = GpuLogMel(device)
@@ -150,9 +152,7 @@ class TorchCudaEngine(Engine):
         and where <|startoftranscript|> is among them; cached, the same for every utterance."""
         key = (language, prompt)
         if key not in self._prefixes:
-            text_prompt = prompt if prompt is not None else DEFAULT_PROMPTS.get(language)
-            prompt_ids = self.tokenizer.encode(" " + text_prompt.strip()) if text_prompt else None
-            self._prefixes[key] = make_prefix(self.tokenizer, language, prompt_ids)
+            self._prefixes[key] = make_prefix(self.tokenizer, language, self._prompt_ids(language, prompt))
         return self._prefixes[key]
 
     def jobs(self, audios: Sequence[np.ndarray], languages: Sequence[str], prompt: str | None, tags: Sequence[object] = ()) -> list[Job]:
@@ -251,6 +251,6 @@ class TorchCudaEngine(Engine):
             self.decoder.capture(context=self.policy.frames(1) // 2)
         # The first batch of each size captured its encoder graph and built cuFFT/cuBLAS plans
         # (~0.3 s): the slowest transcripts of a 2,000-student run were those first batches.
-        noise = np.random.default_rng(1).normal(0, 0.1, 3 * 16000).astype(np.float32)
+        noise = np.random.default_rng(1).normal(0, 0.1, 3 * SAMPLE_RATE).astype(np.float32)
         for size in ENCODER_BUCKETS[1:]:
             self.transcribe_batch([noise] * size, "en")

@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from engines.decoding import MAX_PROMPT_TOKENS, Decoded
+from engines.engine import MAX_SAMPLE_LEN
+from engines.gpu.model import TorchWhisper, to_device
 from engines.tokenizer import WhisperTokenizer
-from engines.torch_whisper import TorchWhisper, to_device
 
-MAX_TOKENS = 224  # generated tokens a slot can hold (the engine's MAX_SAMPLE_LEN)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 POSITION_BUCKETS = (128, 448)  # self-attention cache length a step reads
 CONTEXT_BUCKETS = (500, 1000, 1500)  # encoder positions a step reads (10, 20, 30 s windows)
@@ -83,7 +83,7 @@ class InflightDecoder:
         self.cross_len, self.token, self.pos = z(), z(), z()
         self.prefix = torch.zeros(slots, d.n_text_ctx, device=dev, dtype=torch.long)
         self.prefix_len, self.sot_pos, self.budget, self.n_out = z(), z(), z(), z()
-        self.out = torch.zeros(slots, MAX_TOKENS + 1, device=dev, dtype=torch.long)
+        self.out = torch.zeros(slots, MAX_SAMPLE_LEN + 1, device=dev, dtype=torch.long)
         self.logprob, self.no_speech = z(torch.float32), z(torch.float32)
         self.done, self.hit_budget = z(torch.bool), z(torch.bool)
         self.rows = torch.arange(slots, device=dev)
@@ -133,7 +133,7 @@ class InflightDecoder:
         is_eot = chosen == tok.eot
         emit = free & ~is_eot
         n_out = self.n_out[:n]
-        slot = n_out.clamp(max=MAX_TOKENS)
+        slot = n_out.clamp(max=MAX_SAMPLE_LEN)
         self.out[rows, slot] = torch.where(emit, chosen, self.out[rows, slot])
         n_out = n_out + emit.long()
         self.n_out[:n] = n_out

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from engines.features import HOP_LENGTH, N_FFT, N_FRAMES, mel_filterbank
+from engines.features import HOP_LENGTH, N_FFT, mel_filterbank
 from engines.weights import Weights
 
 # Attention kernels for the eager passes (encoder, prefill, language detection), whose batch
