@@ -31,8 +31,8 @@ from engines.voicing import has_voicing
 # Whisper base drifts to traditional characters without a simplified-Chinese prompt.
 DEFAULT_PROMPTS = {"zh": "以下是普通话的句子。"}
 # No text when the model says "no speech" strongly, or fairly and the text is unsure too.
-# Whisper requires both at 0.6 / -1.0; that lets through its famous confident "you" on music
-# and rumble (no-speech 0.8-0.97 there, at most 0.07 on the dev speech; see tests/test_engine.py).
+# Whisper requires both at 0.6 / -1.0, which lets through its confident "you" on music and
+# rumble (figures in README.md, "No words on non-speech"; tests/test_engine.py).
 NO_SPEECH_THRESHOLD = 0.6
 NO_SPEECH_UNSURE_THRESHOLD = 0.3
 LOGPROB_THRESHOLD = -1.0

@@ -81,7 +81,7 @@ def _filter_bands() -> tuple[tuple[int, int, np.ndarray], ...]:
     Each triangle spans at most ~14 of the 201 bins. Applying the bands one by
     one (80 small matrix-vector products) costs a fraction of a millisecond and
     never wakes BLAS worker threads; one dense [frames, 201] x [201, 80] matmul
-    does, and on a busy 2-core machine that took 5-10 ms instead of 0.5.
+    does, and on a busy machine their wake-up costs more than the arithmetic.
     """
     bands = []
     for row in mel_filterbank():

@@ -6,7 +6,7 @@ The graphs take dynamic shapes, which is what lets one worker batch students tog
   decoder:  tokens [batch, n], per layer: self_k_i/self_v_i [batch, heads, past, head_dim], cross_k_i/v_i
             -> logits [batch, vocab] (last position only), per layer: new_self_k_i/v_i (past + n)
 One tensor per layer rather than one stacked tensor: slicing a layer out of a stacked input
-copies it, and copying every layer's cross K/V on every step cost more than the step's math.
+copies it, and copying every layer's cross K/V on every step costs more than the step's math.
 The cross-attention keys and values are projected once per utterance in the encoder graph;
 each decoder step only adds its own positions to the self-attention cache.
 """

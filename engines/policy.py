@@ -50,10 +50,9 @@ POLICIES = {
     for w in _WINDOWS
     for p in (w, EncoderPolicy(w.name + "-zero", w.min_seconds, w.bucket_seconds, w.margin_seconds, 0.0))
 }
-# Measured (benchmarks/results/encoder-length.json, int8, 2 threads, 38 English and 10 Mandarin
-# clips, with the 30 s re-run of looped utterances): zero padding was as accurate or more at
-# every window. tiny.en lost words at every window shorter than 30 s (3.6 % WER at 30 s, 5.4 %
-# at 20 s, 8.1 % at 10 s); base kept its accuracy down to 10 s (5.7 % WER, 3.7 % CER).
+# Each model's fastest window that loses no accuracy against padding to 30 s: tiny.en loses
+# words at every shorter window, base keeps its accuracy down to 10 s, and zero padding is as
+# accurate or more at every window (benchmarks/encoder_length.py; table in README.md).
 DEFAULT_POLICIES = {"tiny.en": "pad30-zero", "base": "min10s-zero"}
 
 

@@ -23,13 +23,13 @@ def to_pcm16(audio: np.ndarray) -> np.ndarray:
 
 def has_voicing(audio: np.ndarray, min_seconds: float) -> bool:
     """At least min_seconds of 30 ms frames the VAD calls speech. Stops at the first min_seconds
-    found, so speech costs a fraction of a millisecond whatever its length (counting every frame
-    of a batch of 64 utterances took ~30 ms of CPU, more than the GPU needed to transcribe them)."""
+    found, so speech costs a fraction of a millisecond whatever its length: on the GPU path the
+    host runs this for every utterance of a batch, and must not take longer than the GPU."""
     vad = webrtcvad.Vad(AGGRESSIVENESS)
     needed = min_seconds * SAMPLE_RATE / FRAME_SAMPLES
     found = 0
     usable = audio.size - audio.size % FRAME_SAMPLES
-    # Converted a chunk at a time: converting a whole 8 s clip cost more than the frames read.
+    # Converted a chunk at a time, so that an early answer does not pay for converting the whole clip.
     for chunk_start in range(0, usable, _CHUNK):
         pcm = to_pcm16(audio[chunk_start : min(chunk_start + _CHUNK, usable)])
         for start in range(0, pcm.size, FRAME_SAMPLES):

@@ -35,9 +35,8 @@ def pool_threads() -> int | None:
 def new_session(model: str | bytes, threads: int) -> ort.InferenceSession:
     """A CPU session on the process-wide thread pool.
 
-    One pool for every session: with a pool each, the pool that just ran kept spinning and stole
-    the cores from the other, and a decoder step after the encoder took 4.1 ms instead of 1.7 ms
-    (tiny.en, 2 threads).
+    One pool for every session: with a pool each, the pool that just ran keeps spinning and
+    steals the cores from the other (figures in benchmarks/README.md).
     """
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -76,8 +75,8 @@ class OnnxRuntimeBackend:
         self._empty_shape = (d.n_heads, 0, d.n_audio_state // d.n_heads)
         self._cross_names = [o.name for o in self.encoder.get_outputs()]
         # The int8 encoder scales activations per tensor: one utterance per call keeps each
-        # result independent of the rest of the batch (on a CPU a batched encoder call was not
-        # faster anyway: it is bound by arithmetic, not by per-call overhead).
+        # result independent of the rest of the batch (on a CPU a batched encoder call is not
+        # faster anyway: it is bound by arithmetic, not by per-call overhead; README.md, Batching).
         self._encode_rows_apart = precision == "int8"
         self._new_self_names = [o.name for o in self.decoder.get_outputs()][1:]
 

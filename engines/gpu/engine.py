@@ -95,7 +95,7 @@ class TorchCudaEngine(Engine):
         main = torch.cuda.current_stream()
         with torch.cuda.stream(self._stream):
             # Log-mel over the whole batch bucket (empty rows fill it): cuFFT then plans once per
-            # bucket, not once per batch size, which cost the first batch of each size ~0.2 s.
+            # bucket, not once per batch size.
             size = next((b for b in ENCODER_BUCKETS if b >= len(audios)), len(audios))
             padding = [_NO_AUDIO] * (size - len(audios))
             mel = self.mel(list(audios) + padding, n_frames, self.policy.pad_value)[: len(audios)]
@@ -186,9 +186,9 @@ class TorchCudaEngine(Engine):
 
     def _voiced(self, audios: Sequence[np.ndarray], language: str | None, prompt: str | None) -> list[int]:
         """Start log-mel, encoder and forced tokens of every utterance on the GPU, then run the
-        voicing gate on the host while they compute (at batch 64 the gate's ~7 ms of CPU was a
-        sixth of the batch). _run takes these encodings; an utterance the gate drops only cost
-        its share of the encoder."""
+        voicing gate on the host while they compute, so that the gate's CPU time hides behind
+        the GPU's. _run takes these encodings; an utterance the gate drops only costs its share
+        of the encoder."""
         if self._stream is not None:
             prefix = self._known_prefix(language, prompt)
             groups: dict[int, list[np.ndarray]] = defaultdict(list)
@@ -249,8 +249,8 @@ class TorchCudaEngine(Engine):
             self.decoder = InflightDecoder(self.whisper, self.tokenizer, slots=self.decoder.slots)
             super().warmup()
             self.decoder.capture(context=self.policy.frames(1) // 2)
-        # The first batch of each size captured its encoder graph and built cuFFT/cuBLAS plans
-        # (~0.3 s): the slowest transcripts of a 2,000-student run were those first batches.
+        # The first batch of each size captures its encoder graph and builds cuFFT/cuBLAS plans:
+        # done here, so that no student's transcript waits for them.
         noise = np.random.default_rng(1).normal(0, 0.1, 3 * SAMPLE_RATE).astype(np.float32)
         for size in ENCODER_BUCKETS[1:]:
             self.transcribe_batch([noise] * size, "en")

@@ -33,9 +33,9 @@ from engines.tokenizer import WhisperTokenizer
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 POSITION_BUCKETS = (128, 448)  # self-attention cache length a step reads
 CONTEXT_BUCKETS = (500, 1000, 1500)  # encoder positions a step reads (10, 20, 30 s windows)
-# Steps per launch (one graph replay, one read of the finished flags). The host's ~0.15-0.4 ms
-# of Python and copies per launch is then paid once for several ~0.4 ms steps; a slot that ends
-# early in a launch is masked for the rest of it, ~1.5 wasted steps on average.
+# Steps per launch (one graph replay, one read of the finished flags): the host's Python and
+# copies per launch are paid once for several steps, at the price of the steps a slot that ends
+# early in a launch runs masked (figures in benchmarks/README.md).
 STEPS_PER_LAUNCH = 3
 SINGLE_STEP_UP_TO = 4  # ... except at batch buckets up to this
 
@@ -103,8 +103,9 @@ class InflightDecoder:
         self.pending: deque[tuple[list[tuple[torch.Tensor, torch.Tensor]], list[Job], Any, Prefilled | None]] = deque()
         self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         # torch.compile fuses the step's ~200 small kernels (layer norms, masks, the greedy rules)
-        # into few: inside a CUDA graph each kernel still costs ~2.5 us, which made a base step
-        # at batch 1 take 0.5 ms of GPU time. One compile with dynamic shapes serves every bucket.
+        # into few: inside a CUDA graph each kernel still costs its launch, and at small batches
+        # the launches, not the arithmetic, set a step's time. One compile with dynamic shapes
+        # serves every bucket.
         self.compiled = compile
         self._step_fn = torch.compile(self._step, dynamic=True) if compile else self._step
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None

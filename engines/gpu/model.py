@@ -22,7 +22,7 @@ from engines.weights import Weights
 
 # Attention kernels for the eager passes (encoder, prefill, language detection), whose batch
 # and length change from call to call: cuDNN's attention builds an execution plan for every new
-# shape (~0.1 s on the H200), which stalled in-flight admission; these kernels need no plan.
+# shape, which stalls in-flight admission; these kernels need no plan.
 EAGER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 _LOG_FLOOR = 1e-10
@@ -39,7 +39,7 @@ class GpuLogMel:
         self.filters = torch.from_numpy(np.array(mel_filterbank(), np.float32)).to(device)  # [80, 201]
         # Two pinned host buffers used in turn, each guarded by the event of its last copy: the
         # copy then runs without blocking the host, and the host never overwrites samples the
-        # GPU has not read yet. (A pageable copy of 64 x 4 s waited on every queued decode step.)
+        # GPU has not read yet. A pageable copy would wait for every decode step already queued.
         self._staging: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
         self._turn = 0
 
@@ -48,8 +48,8 @@ class GpuLogMel:
         """float32 [len(audios), 80, n_frames]. Each clip is zero-padded past n_frames + 2 frames, so
         that the frames that still overlap its end count towards its maximum, as on the CPU."""
         length = (n_frames + 2) * HOP_LENGTH
-        # One transfer of just the samples (a zero-padded host batch of 64 x 10 s cost ~17 ms to
-        # build and send), then each clip is placed into a zeroed batch on the device.
+        # One transfer of just the samples, then each clip is placed into a zeroed batch on the
+        # device: a zero-padded host batch costs more to build and to send.
         flat = self._upload([np.asarray(a, np.float32) for a in audios])
         signal = torch.zeros(len(audios), length, device=self.device)
         offset = 0
@@ -259,8 +259,7 @@ class TorchWhisper:
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Each slot's new key and value (k, v [S, H, 1, hd]) into its cache row at `pos`. An op of
     its own so that torch.compile writes in place: written as scatter_ on a slice of the cache,
-    the compiled step copied the whole slice out and back for every layer (at batch 64 a fifth
-    of the step's GPU time)."""
+    the compiled step copies the whole slice out and back for every layer."""
     S, H, _, hd = k.shape
     where = pos[:, None, None, None].expand(S, H, 1, hd)
     k_cache[:S].scatter_(2, where, k)

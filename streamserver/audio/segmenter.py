@@ -28,8 +28,7 @@ SPEECH_OVER_FLOOR = 2.0  # 6 dB
 FLOOR_RISE = 0.005  # per frame: the floor drops at once to a quieter frame, rises over ~6 s
 DIGITAL_SILENCE = 8  # |sample| <= this (-72 dBFS) throughout the frame
 # What `--vad-hangover-ms` accepts: much below ~250 ms the pauses inside a read sentence end it
-# (of the load simulator's clips, librivox_0920 splits at 200 ms, four at 150 ms); above 2 s a
-# student waits too long for the transcript.
+# (figures in benchmarks/README.md); above 2 s a student waits too long for the transcript.
 HANGOVER_MS_RANGE = (250, 2000)
 
 
