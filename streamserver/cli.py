@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Sequence
 
 from engines.backends import ENGINES, BackendUnavailable
+from engines.features import SAMPLE_RATE
 from engines.graphs import DEFAULT_PRECISION, PRECISIONS
 from streamserver.loadsim import cli as loadsim_cli
 from engines.policy import POLICIES
+from engines.weights import MODELS as PACKAGED_MODELS
 
-MODELS = ("tiny.en", "base")
+MODELS = tuple(PACKAGED_MODELS)
 
 
 def _progress(message: str) -> None:
@@ -25,7 +27,7 @@ def _progress(message: str) -> None:
 
 def _transcribe(args: argparse.Namespace) -> int:
     from engines.audio import AudioError, load_audio
-    from engines.engine import load_engine
+    from engines.loading import load_engine
     from engines.weights import WeightsError
 
     if args.language != "en" and args.model.endswith(".en"):
@@ -56,7 +58,7 @@ def _transcribe(args: argparse.Namespace) -> int:
                 "text": text,
                 "language": language,
                 "latency_ms": round(latency_ms, 1),
-                "duration_s": round(audio.size / 16000, 3),
+                "duration_s": round(audio.size / SAMPLE_RATE, 3),
                 "no_speech_prob": round(max(p.no_speech_prob for p in pieces), 4),
                 "rejected": [p.rejected for p in pieces if p.rejected],
             }
@@ -69,7 +71,7 @@ def _transcribe(args: argparse.Namespace) -> int:
 def _warm_engine_and_intent(model: str, backend: str, threads: int):  # noqa: ANN202 - lazy imports
     """The speech engine and the intent classifier, loaded and warmed up so that the first
     student's words pay for neither; None (with the reason on stderr) when the engine cannot load."""
-    from engines.engine import load_engine
+    from engines.loading import load_engine
     from engines.weights import WeightsError
     from streamserver.intent.model import EmbeddingIntentClassifier
 
@@ -106,26 +108,29 @@ def _add_vad_options(p: argparse.ArgumentParser) -> None:
                    help=f"silence that ends an utterance ({low}..{high}; default %(default)s); every latency includes it")
 
 
+def _add_queue_wait_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-queue-wait", type=float, default=5.0, metavar="S",
+                   help="answer new students 'busy' (503) when the expected transcription wait passes this (default %(default)s)")
+
+
 def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from streamserver.api.app import create_app
-    from streamserver.bus import create_bus
-    from streamserver.classroom import Classroom
     from streamserver.config import Settings
     from streamserver.rooms import tokens
+    from streamserver.server import serve_app
 
     settings = Settings(
         host=args.host, port=args.port, redis_url=args.redis_url, model=args.model, backend=args.backend,
         threads=args.threads, ice_hosts=args.ice_host or [], ice_servers=[{"urls": [u]} for u in args.ice_server or []],
         max_students=args.max_students, public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms,
+        max_queue_wait_s=args.max_queue_wait,
     )
     loaded = _warm_engine_and_intent(settings.model, settings.backend, settings.threads)
     if loaded is None:
         return 2
     engine, intent = loaded
-    classroom = Classroom(settings, engine, create_bus(settings.redis_url, settings.history_len), intent)
-    app = create_app(classroom)
+    app, classroom = serve_app(settings, engine, intent)
     if args.demo_room:
         language = "en" if not engine.multilingual else "auto"
         room = classroom.rooms.create(args.demo_room, language)  # before the loop runs: this process only
@@ -144,15 +149,15 @@ def _gateway(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from streamserver.config import Settings
-    from streamserver.gateway import gateway_app
+    from streamserver.server import gateway_app
 
     settings = Settings(
         host=args.host, port=args.port, redis_url=args.redis_url, ice_hosts=args.ice_host or [],
         ice_servers=[{"urls": [u]} for u in args.ice_server or []], max_students=args.max_students,
-        public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms,
+        public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms, max_queue_wait_s=args.max_queue_wait,
     )
     try:
-        app, _classroom = gateway_app(settings, args.max_queue_wait)
+        app, _classroom = gateway_app(settings)
     except ValueError as error:
         _progress(f"error: {error}")
         return 2
@@ -238,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-students", type=int, default=500, help="per room")
     s.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")
     s.add_argument("--demo-room", metavar="NAME", help="create a room at start and print its teacher and student URLs")
+    _add_queue_wait_option(s)
     _add_vad_options(s)
     s.set_defaults(handler=_serve)
 
@@ -248,8 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ice-host", action="append", metavar="ADDR", help="host candidate address (repeatable)")
     g.add_argument("--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (repeatable)")
     g.add_argument("--max-students", type=int, default=500, help="per room, the whole room across gateways (seat leases in Redis)")
-    g.add_argument("--max-queue-wait", type=float, default=5.0, metavar="S",
-                   help="answer new students 'busy' (503) when the expected transcription wait passes this")
+    _add_queue_wait_option(g)
     g.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")
     _add_vad_options(g)
     g.set_defaults(handler=_gateway)

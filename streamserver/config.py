@@ -13,7 +13,7 @@ class Settings:
     port: int = 8080
     redis_url: str | None = None
     model: str = "tiny.en"
-    backend: str = "onnxruntime"  # or tensorrt, torch-cuda, auto (engines.engine.load_engine)
+    backend: str = "onnxruntime"  # or tensorrt, torch-cuda, auto (engines.loading.load_engine)
     threads: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))
     # ICE: aiortc does no trickle ICE and, left alone, asks a public STUN server; both explicit.
     ice_servers: list[dict] = field(default_factory=list)  # [{"urls": [...], "username", "credential"}]
@@ -27,6 +27,7 @@ class Settings:
     leave_grace_s: float = 5.0  # a student reconnecting within it keeps the seat with no left/joined pair
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KB
     max_batch: int = 16
+    max_queue_wait_s: float = 5.0  # expected recognition wait past which new students hear "busy"
     history_len: int = 500
     vad_hangover_ms: int = 500  # silence that ends an utterance (audio/segmenter.py); a latency floor
     public_url: str | None = None  # base of the URLs handed out; default http://host:port

@@ -1,6 +1,8 @@
-"""The messages that flow through the server, each with one JSON encoding used everywhere.
+"""The messages that flow through the server, each a dataclass with one JSON encoding.
 
-audio (transport) -> Utterance (audio pipeline) -> TranscriptEvent (ASR worker) -> room channel
+audio (transport) -> Utterance (audio pipeline) -> UtteranceQueued (sink) -> TranscriptEvent,
+NoSpeechEvent or UtteranceFailedEvent (ASR worker) -> room channel; StudentEvent for the roster.
+Every event a room's dashboard receives is built here and encoded by `to_json`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ def now() -> float:
 
 @dataclass
 class Utterance:
-    """One stretch of a student's speech, cut by the VAD (never leaves the process as audio)."""
+    """One stretch of a student's speech, cut by the VAD (travels to workers as a job, never to a room)."""
 
     utterance_id: str
     room_id: str
@@ -33,8 +35,46 @@ class Utterance:
     cut: bool = False  # ended by the maximum length, not by a pause
 
 
+class Event:
+    """A room event: a dataclass whose fields are its JSON object."""
+
+    room_id: str
+    type: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)  # type: ignore[call-overload]
+
+
 @dataclass
-class TranscriptEvent:
+class StudentEvent(Event):
+    room_id: str
+    student_id: str
+    student_name: str
+    type: str  # "student_joined" | "student_left" | "speaking_started" | "speaking_stopped"
+    ts: float = field(default_factory=now)
+
+
+@dataclass
+class UtteranceQueued(Event):
+    """An utterance is on its way to recognition: a dashboard (and the load simulator) can tell a
+    transcript that is late from one that was lost."""
+
+    room_id: str
+    utterance_id: str
+    student_id: str
+    end_of_speech_ts: float
+    ts: float = field(default_factory=now)
+    type: str = "utterance_queued"
+
+    @classmethod
+    def of(cls, u: Utterance) -> UtteranceQueued:
+        return cls(u.room_id, u.utterance_id, u.student_id, u.end_of_speech_ts)
+
+
+@dataclass
+class TranscriptEvent(Event):
+    """The result of one utterance, stamped as published when it is built."""
+
     room_id: str
     utterance_id: str
     student_id: str
@@ -47,27 +87,31 @@ class TranscriptEvent:
     type: str = "transcript"
     intent: dict[str, Any] | None = None
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
-
     @classmethod
-    def of(cls, utterance: Utterance, text: str, language: str) -> "TranscriptEvent":
-        """The transcript of an utterance, stamped as published now."""
-        u = utterance
-        return cls(u.room_id, u.utterance_id, u.student_id, u.student_name, text, language, u.start_ts, u.end_of_speech_ts, now())
+    def of(cls, u: Utterance, text: str, language: str, intent: dict[str, Any] | None = None) -> TranscriptEvent:
+        return cls(u.room_id, u.utterance_id, u.student_id, u.student_name, text, language,
+                   u.start_ts, u.end_of_speech_ts, now(), intent=intent)
 
 
 @dataclass
-class StudentEvent:
-    room_id: str
-    student_id: str
-    student_name: str
-    type: str  # "student_joined" | "student_left" | "speaking_started" | "speaking_stopped"
-    ts: float = field(default_factory=now)
+class NoSpeechEvent(TranscriptEvent):
+    """The utterance had no words (noise, a cough): accounted for, not shown."""
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
+    type: str = "no_speech"
+
+    @classmethod
+    def of(cls, u: Utterance, text: str = "", language: str = "", intent: dict[str, Any] | None = None) -> NoSpeechEvent:
+        return cls(u.room_id, u.utterance_id, u.student_id, u.student_name, "", language or u.language,
+                   u.start_ts, u.end_of_speech_ts, now())
 
 
-def room_channel(room_id: str) -> str:
-    return f"room:{room_id}"
+@dataclass
+class UtteranceFailedEvent(TranscriptEvent):
+    """Recognition failed on every attempt: the room learns the utterance is given up."""
+
+    type: str = "utterance_failed"
+
+    @classmethod
+    def of(cls, u: Utterance, text: str = "", language: str = "", intent: dict[str, Any] | None = None) -> UtteranceFailedEvent:
+        return cls(u.room_id, u.utterance_id, u.student_id, u.student_name, "", u.language,
+                   u.start_ts, u.end_of_speech_ts, now())

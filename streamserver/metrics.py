@@ -1,123 +1,80 @@
-"""Prometheus metrics in the text exposition format, without a client library: counters, gauges
-and histograms with labels, rendered on GET /metrics by gateways and workers."""
+"""The server's Prometheus metrics, one set of names for every mode (prometheus-client).
+
+A process has one Metrics: a gateway records the ingest side (streams, busy answers, queue
+depth), a worker the recognition side (batches, latency, outcomes, engine loads), `serve` both;
+every name is exposed in every mode, so dashboards and alerts work unchanged across them.
+Process metrics (CPU, memory, open files) come from the client's own collectors.
+"""
 
 from __future__ import annotations
 
-import math
-import threading
+import sys
 from typing import Callable, Iterable
 
-Labels = tuple[tuple[str, str], ...]
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
 
-
-def _labels(labels: Labels, extra: str = "") -> str:
-    parts = [f'{k}="{v}"' for k, v in labels] + ([extra] if extra else [])
-    return "{" + ",".join(parts) + "}" if parts else ""
-
-
-class _Metric:
-    kind = ""
-
-    def __init__(self, name: str, help_text: str) -> None:
-        self.name, self.help = name, help_text
-        self._lock = threading.Lock()  # the ASR worker thread and the event loop both record
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.help}"
-        yield f"# TYPE {self.name} {self.kind}"
-        yield from self._samples()
-
-    def _samples(self) -> Iterable[str]:
-        return ()
-
-
-class Counter(_Metric):
-    kind = "counter"
-
-    def __init__(self, name: str, help_text: str) -> None:
-        super().__init__(name, help_text)
-        self.values: dict[Labels, float] = {}
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        with self._lock:
-            self.values[key] = self.values.get(key, 0.0) + amount
-
-    def _samples(self) -> Iterable[str]:
-        for key, value in sorted(self.values.items()):
-            yield f"{self.name}{_labels(key)} {value}"
-
-
-class Gauge(_Metric):
-    """A value set by the code, or read from a callback at each scrape."""
-
-    kind = "gauge"
-
-    def __init__(self, name: str, help_text: str, read: Callable[[], dict[Labels, float]] | None = None) -> None:
-        super().__init__(name, help_text)
-        self.values: dict[Labels, float] = {}
-        self.read = read
-
-    def set(self, value: float, **labels: str) -> None:
-        with self._lock:
-            self.values[tuple(sorted(labels.items()))] = value
-
-    def _samples(self) -> Iterable[str]:
-        values = self.read() if self.read else self.values
-        for key, value in sorted(values.items()):
-            yield f"{self.name}{_labels(key)} {value}"
-
-
-class Histogram(_Metric):
-    kind = "histogram"
-
-    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...]) -> None:
-        super().__init__(name, help_text)
-        self.buckets = tuple(sorted(buckets)) + (math.inf,)
-        self.counts = [0] * len(self.buckets)
-        self.total = 0.0
-        self.n = 0
-
-    def observe(self, value: float) -> None:
-        with self._lock:
-            for i, bound in enumerate(self.buckets):
-                if value <= bound:
-                    self.counts[i] += 1
-            self.total += value
-            self.n += 1
-
-    def _samples(self) -> Iterable[str]:
-        for bound, count in zip(self.buckets, self.counts):
-            le = "+Inf" if math.isinf(bound) else repr(bound)
-            yield f'{self.name}_bucket{{le="{le}"}} {count}'
-        yield f"{self.name}_sum {self.total}"
-        yield f"{self.name}_count {self.n}"
-
-
-class Registry:
-    def __init__(self) -> None:
-        self.metrics: list[_Metric] = []
-
-    def add(self, metric: _Metric) -> _Metric:
-        self.metrics.append(metric)
-        return metric
-
-    def render(self) -> str:
-        return "\n".join(line for m in self.metrics for line in m.render()) + "\n"
-
+from engines.loading import ENGINE_LOADS
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def gpu_memory() -> dict[Labels, float]:
-    """Bytes of GPU memory PyTorch holds, per device (empty without torch or a GPU)."""
-    try:
-        import sys
+class _Read(Collector):
+    """Samples read at each scrape (per-room stream counts, engine loads, GPU memory)."""
 
-        torch = sys.modules.get("torch")  # only if the engine already loaded it
-        if torch is None or not torch.cuda.is_available():
-            return {}
-        return {(("device", str(i)),): float(torch.cuda.memory_allocated(i)) for i in range(torch.cuda.device_count())}
-    except Exception:  # noqa: BLE001 - a metric must never break a scrape
-        return {}
+    def __init__(self, read: Callable[[], Iterable[Metric]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            return list(self._read())
+        except Exception:  # noqa: BLE001 - a metric must never break a scrape
+            return []
+
+
+class Metrics:
+    def __init__(self, streams_per_room: Callable[[], dict[str, int]] = dict) -> None:
+        r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        self.queue_depth = Gauge("streamserver_queue_depth", "utterances waiting for or in recognition", registry=r)
+        self.busy_rejections = Counter("streamserver_busy_rejections", "joins turned away as busy", registry=r)
+        self.batch_size = Histogram("streamserver_batch_size", "utterances per engine batch", buckets=BATCH_BUCKETS, registry=r)
+        self.eos_to_published = Histogram("streamserver_eos_to_published_seconds", "end of speech to published",
+                                          buckets=LATENCY_BUCKETS, registry=r)
+        self.utterances = Counter("streamserver_utterances", "utterances finished, by outcome", ["outcome"], registry=r)
+        self.streams_per_room = streams_per_room
+        r.register(_Read(self._streams))
+        r.register(_Read(_engine_loads))
+        r.register(_Read(_gpu_memory))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def _streams(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily("streamserver_active_streams", "student audio streams per room", labels=["room"])
+        for room_id, n in sorted(self.streams_per_room().items()):
+            family.add_metric([room_id], float(n))
+        yield family
+
+
+def _engine_loads() -> Iterable[Metric]:
+    family = CounterMetricFamily("streamserver_engine_loads", "engine loads by backend and outcome", labels=["backend", "outcome"])
+    for (backend, outcome), n in sorted(ENGINE_LOADS.items()):
+        family.add_metric([backend, outcome], float(n))
+    yield family
+
+
+def _gpu_memory() -> Iterable[Metric]:
+    """Bytes of GPU memory PyTorch holds, per device (none without torch or a GPU)."""
+    family = GaugeMetricFamily("streamserver_gpu_memory_bytes", "GPU memory held by the engine", labels=["device"])
+    torch = sys.modules.get("torch")  # only if the engine already loaded it
+    if torch is not None and torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            family.add_metric([str(i)], float(torch.cuda.memory_allocated(i)))
+    yield family

@@ -16,7 +16,8 @@ from typing import AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 import pytest
 
 from streamserver.bus.memory import MemoryBus
-from streamserver.bus.redis import BusError, RedisBus, seat_keys
+from streamserver.bus.keys import seat_keys
+from streamserver.bus.redis import BusError, RedisBus
 from tests.redis_server import RedisServer
 
 T = TypeVar("T")

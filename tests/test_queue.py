@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import redis
 
-from streamserver.asr.fair import fair_batch
-from streamserver.asr.stream_worker import StreamWorker
-from streamserver.bus.redis import history_key
-from streamserver.events import Utterance, now
+from streamserver.queue.fair import fair_batch
+from streamserver.asr.worker import AsrWorker
+from streamserver.bus.keys import history_key
+from streamserver.events import TranscriptEvent, Utterance, now
 from streamserver.queue.jobs import decode_job, encode_job
-from streamserver.queue.redis_queue import JobQueue
+from streamserver.queue.redis_queue import RedisQueue
 from tests.redis_server import RedisServer
 
 
@@ -62,12 +62,12 @@ def test_fair_share_gives_every_room_a_place():
 
 def test_duplicate_publication_is_suppressed(fresh):
     async def body() -> None:
-        q = JobQueue(fresh, "w1")
+        q = RedisQueue(fresh, "w1")
         await q.ensure_group()
         u = utterance(np.zeros(1600, np.float32))
         await q.submit(u)
         [(entry_id, got)] = await q.read(10, 100)
-        event = json.dumps({"type": "transcript", "utterance_id": u.utterance_id, "text": "hi"})
+        event = TranscriptEvent.of(got, "hi", "en")
         assert await q.complete(entry_id, got, event) is True
         assert await q.complete(entry_id, got, event) is False  # a second delivery publishes nothing
         assert await q.depth() == 0
@@ -83,17 +83,17 @@ def test_jobs_of_a_dead_worker_are_claimed_and_published_once(fresh, tiny_engine
     clips = [audio for _name, audio, _text in librivox[:3]]
 
     async def body() -> None:
-        producer = JobQueue(fresh)
+        producer = RedisQueue(fresh)
         sent = [utterance(a, room="r1", student=f"s{i}") for i, a in enumerate(clips)]
-        dead = JobQueue(fresh, "dead-worker")
+        dead = RedisQueue(fresh, "dead-worker")
         await dead.ensure_group()
         await dead.heartbeat({"utt_per_s": 1.0})
         for u in sent:
             await producer.submit(u)
         taken = await dead.read(10, 100)  # delivered to A, never acknowledged
         assert len(taken) == 3
-        live = JobQueue(fresh, "live-worker")
-        worker = StreamWorker(tiny_engine, live, None, max_batch=8)
+        live = RedisQueue(fresh, "live-worker")
+        worker = AsrWorker(tiny_engine, live, None, max_batch=8)
         task = asyncio.create_task(worker.run())
         for _ in range(200):
             await asyncio.sleep(0.1)
@@ -124,15 +124,15 @@ def test_redis_restart_with_aof_loses_nothing(tmp_path, tiny_engine, librivox):
             await asyncio.sleep(0.1)
 
     async def body() -> None:
-        producer = JobQueue(server.url)
-        q = JobQueue(server.url, "w-restart")
+        producer = RedisQueue(server.url)
+        q = RedisQueue(server.url, "w-restart")
         await q.ensure_group()
         before = [utterance(a, room="r2") for a in clips]
         for u in before:
             await producer.submit(u)
         server.stop()  # SIGTERM: redis writes its AOF out and exits
         server.start()
-        worker = StreamWorker(tiny_engine, q, None)
+        worker = AsrWorker(tiny_engine, q, None)
         task = asyncio.create_task(worker.run())
         await wait_for({u.utterance_id for u in before}, "r2")
         server.stop()  # again, under a running worker

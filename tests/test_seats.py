@@ -17,13 +17,16 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 
 from streamserver.api.app import create_app
+from streamserver.bus.ordered import OrderedPublisher
 from streamserver.bus.redis import RedisBus
 from streamserver.classroom import Classroom
 from streamserver.config import Settings
-from streamserver.gateway import gateway_app
+from streamserver.metrics import Metrics
+from streamserver.server import gateway_app
 from streamserver.loadsim.clients import create_room, token_of
-from streamserver.queue.redis_queue import WORKERS, JobQueue
-from streamserver.queue.sink import QueueSink
+from streamserver.bus.keys import WORKERS, alive_key
+from streamserver.queue.redis_queue import RedisQueue
+from streamserver.queue.sink import UtteranceSink
 from streamserver.rooms import tokens
 from tests.redis_server import RedisServer
 from tests.server_process import ADMIN_TOKEN
@@ -45,7 +48,7 @@ def run(body) -> None:
 @contextlib.asynccontextmanager
 async def live_worker(redis_url: str) -> AsyncIterator[None]:
     """A worker's heartbeat, so that the gateways take students."""
-    queue = JobQueue(redis_url, worker=f"seat-test-{uuid.uuid4().hex[:8]}")
+    queue = RedisQueue(redis_url, worker=f"seat-test-{uuid.uuid4().hex[:8]}")
 
     async def beat() -> None:
         while True:
@@ -59,7 +62,7 @@ async def live_worker(redis_url: str) -> AsyncIterator[None]:
     finally:
         task.cancel()
         await queue.redis.hdel(WORKERS, queue.worker)
-        await queue.redis.delete(f"asr:alive:{queue.worker}")
+        await queue.redis.delete(alive_key(queue.worker))
         await queue.close()
 
 
@@ -78,7 +81,7 @@ async def serving(*classrooms_and_apps) -> AsyncIterator[list[tuple[str, Classro
 
 
 def gateways(redis_url: str, n: int = 2, **overrides):
-    return serving(*(gateway_app(settings(redis_url, **overrides), 5.0) for _ in range(n)))
+    return serving(*(gateway_app(settings(redis_url, **overrides)) for _ in range(n)))
 
 
 async def join(s: aiohttp.ClientSession, url: str, token: str, student_id: str) -> aiohttp.ClientWebSocketResponse:
@@ -160,8 +163,8 @@ def test_seats_of_a_dead_gateway_expire(redis_url):
             students = [await join(s, a, token, "ann-00000002"), await join(s, a, token, "bob-00000002")]
             await asyncio.sleep(2.5 * lease)  # A renews them meanwhile
             assert await refused(s, b, token, "cyd-00000002") == 429
-            assert dying._seat_task is not None
-            dying._seat_task.cancel()  # A "dies": its students stay connected to it, unrenewed
+            assert dying.seats._task is not None
+            dying.seats._task.cancel()  # A "dies": its students stay connected to it, unrenewed
             started = time.monotonic()
             students.append(await join_when_free(s, b, token, "cyd-00000002", within_s=lease + 1))
             assert time.monotonic() - started <= lease + 0.75
@@ -206,7 +209,8 @@ def test_bus_failure_while_seating_is_503_and_passes(redis_url):
     async def body(bus_redis: RedisServer) -> None:
         config = settings(redis_url)
         bus = RedisBus(bus_redis.url)
-        classroom = Classroom(config, None, bus, sink=QueueSink(JobQueue(redis_url), bus, 5.0))
+        publisher = OrderedPublisher(bus)
+        classroom = Classroom(config, bus, UtteranceSink(RedisQueue(redis_url), publisher, 5.0), publisher, Metrics())
         room = classroom.rooms.create("local", "en")  # known here: finding it needs no bus
         student = {"student_url": "?token=" + tokens.issue(SECRET, room.room_id, "student", 600), "room_id": room.room_id}
         token = token_of(student["student_url"])
@@ -228,7 +232,7 @@ def test_the_room_keeps_its_creators_limit_on_every_gateway(redis_url):
     10 as well: the limit travels with the room's record."""
 
     async def body() -> None:
-        apps = (gateway_app(settings(redis_url, max_students=2), 5.0), gateway_app(settings(redis_url, max_students=10), 5.0))
+        apps = (gateway_app(settings(redis_url, max_students=2)), gateway_app(settings(redis_url, max_students=10)))
         async with live_worker(redis_url), serving(*apps) as [(a, _), (b, _)], aiohttp.ClientSession() as s:
             room = await create_room(s, a, ADMIN_TOKEN, "small room")
             token = token_of(room["student_url"])

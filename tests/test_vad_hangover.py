@@ -37,7 +37,7 @@ def _silence_until_emitted(app: web.Application, speech: np.ndarray) -> int:
     fed in 20 ms chunks as the WebSocket ingest and the load simulator do."""
     classroom = app[CLASSROOM]
     collector = Collector()
-    classroom.worker = collector
+    classroom.sink = collector
 
     async def run() -> int:
         room = classroom.rooms.create("hangover", "en")

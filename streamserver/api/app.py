@@ -17,19 +17,22 @@ from typing import Any, AsyncIterator
 
 from aiohttp import WSMsgType, web
 
+from streamserver.asr.worker import AsrWorker
+from streamserver.bus.redis import BusError
 from streamserver.classroom import Classroom
+from streamserver.metrics import CONTENT_TYPE
+from streamserver.queue.base import UNREACHABLE
+from streamserver.queue.sink import Busy
 from streamserver.rooms import tokens
 from streamserver.rooms.registry import LANGUAGES, Room, RoomFull
-from redis.exceptions import RedisError
-
-from streamserver.bus.redis import BusError
-from streamserver.queue.sink import Busy, QueueSink
 from streamserver.transport import ws_ingest
 from streamserver.transport.webrtc import OfferError
 
 log = logging.getLogger(__name__)
 WEB_DEMO = Path(__file__).resolve().parents[1] / "web_demo"  # package data
 CLASSROOM = web.AppKey("classroom", Classroom)
+# The in-process ASR worker of `serve` (absent on a gateway): /healthz reports on it.
+WORKER = web.AppKey("worker", AsrWorker)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -48,7 +51,7 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
 
 async def _room(request: web.Request) -> Room:
     try:
-        room = await request.app[CLASSROOM].find_room(request.match_info["room_id"])
+        room = await request.app[CLASSROOM].directory.find(request.match_info["room_id"])
     except BusError as error:
         raise web.HTTPServiceUnavailable(text=json.dumps({"error": str(error)}), content_type="application/json") from error
     if room is None:
@@ -78,10 +81,10 @@ async def create_room(request: web.Request) -> web.Response:
         return _error(400, "name must be a non-empty string of at most 200 characters")
     if language not in LANGUAGES:
         return _error(400, f"language must be one of {', '.join(LANGUAGES)}")
-    if language != "en" and classroom.engine is not None and not classroom.engine.multilingual:
-        return _error(400, f"this server runs the English-only model {classroom.engine.model}; start it with --model base")
+    if language != "en" and (worker := request.app.get(WORKER)) is not None and not worker.engine.multilingual:
+        return _error(400, f"this server runs the English-only model {worker.engine.model}; start it with --model base")
     try:
-        room = await classroom.create_room(name.strip(), language)
+        room = await classroom.directory.create(name.strip(), language)
     except BusError as error:
         return _error(503, f"room not created: {error}")
     base = settings.public_url or f"{request.scheme}://{request.host}"
@@ -138,20 +141,25 @@ async def ingest(request: web.Request) -> web.StreamResponse:
     except tokens.TokenError as error:
         return _error(error.status, str(error))
     try:
-        room = await classroom.find_room(claim.room_id)
+        room = await classroom.directory.find(claim.room_id)
     except BusError as error:
         return _error(503, str(error))
     if room is None:
         return _error(404, "no such room")
     student_id, name = _student_identity(request.query.get("student_id"), request.query.get("name"), "name")
     try:
-        return await ws_ingest.serve(request, classroom, room, student_id, name)
+        audio = await classroom.open_stream(room, student_id, name)
     except RoomFull as error:
         return _error(429, str(error))
     except Busy as error:
         return busy_response(str(error))
     except BusError as error:
         return _error(503, str(error))
+    try:
+        return await ws_ingest.serve(request, room.room_id, student_id, audio.push_pcm16,
+                                     lambda: classroom.is_current(room, student_id, audio))
+    finally:
+        classroom.close_stream(room, student_id, audio)  # flushes the last utterance
 
 
 async def feed(request: web.Request) -> web.StreamResponse:
@@ -224,28 +232,27 @@ async def healthz(request: web.Request) -> web.Response:
     classroom = request.app[CLASSROOM]
     bus_ok = await classroom.bus.ping()
     body = {"ok": bus_ok, "bus": "ok" if bus_ok else "unreachable", "rooms": len(classroom.rooms.rooms)}
-    if classroom.engine is not None:
-        body.update(model=classroom.engine.model, queue=classroom.worker.queue.qsize(), transcribed=classroom.worker.transcribed)
+    if (worker := request.app.get(WORKER)) is not None:
+        body.update(model=worker.engine.model, queue=await classroom.sink.depth(), transcribed=worker.transcribed)
     return web.json_response(body, status=200 if bus_ok else 503)
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready to take students: the bus answers and, for a gateway, a worker can transcribe."""
+    """Ready to take students: the bus answers and a worker can transcribe."""
     classroom = request.app[CLASSROOM]
     if not await classroom.bus.ping():
         return web.json_response({"ready": False, "reason": "bus unreachable"}, status=503)
-    if isinstance(classroom.worker, QueueSink):
-        try:
-            workers, _rate = await classroom.worker.queue.capacity()
-        except (RedisError, OSError) as error:
-            return web.json_response({"ready": False, "reason": f"job queue unreachable: {error}"}, status=503)
-        if workers == 0:
-            return web.json_response({"ready": False, "reason": "no ASR worker is running"}, status=503)
+    try:
+        workers, _rate = await classroom.sink.queue.capacity()
+    except UNREACHABLE as error:
+        return web.json_response({"ready": False, "reason": f"job queue unreachable: {error}"}, status=503)
+    if workers == 0:
+        return web.json_response({"ready": False, "reason": "no ASR worker is running"}, status=503)
     return web.json_response({"ready": True})
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(text=request.app[CLASSROOM].metrics.render(), content_type="text/plain")
+    return web.Response(body=request.app[CLASSROOM].metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
 def _page(name: str):
@@ -269,9 +276,11 @@ async def json_errors(request: web.Request, handler):
         return _error(500, "internal error")
 
 
-def create_app(classroom: Classroom) -> web.Application:
+def create_app(classroom: Classroom, worker: AsrWorker | None = None) -> web.Application:
     app = web.Application(client_max_size=classroom.settings.max_body_bytes, middlewares=[json_errors])
     app[CLASSROOM] = classroom
+    if worker is not None:
+        app[WORKER] = worker
     app.router.add_post("/api/rooms", create_room)
     app.router.add_post("/api/rooms/{room_id}/offer", offer)
     app.router.add_get("/api/rooms/{room_id}/feed", feed)

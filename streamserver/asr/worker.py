@@ -1,94 +1,147 @@
-"""One ASR worker for all rooms: a queue, a dynamic batcher, the engine off the event loop.
+"""The ASR worker's loop, the same in `serve` (in-process queue) and `streamserver worker`
+(Redis Stream): jobs -> per-room fair batches -> BatchRecogniser -> each result published and
+its job acknowledged in one step (queue.complete).
 
 Batching policy: whatever is queued when the engine becomes free goes in the next batch (up to
-max_batch, grouped by language). Nothing waits for a batch to fill: under light load an
-utterance is transcribed alone at once; under load, batches grow by themselves while the
-engine is busy.
+max_batch). Nothing waits for a batch to fill: under light load an utterance is recognised
+alone at once; under load, batches grow by themselves while the engine is busy. The queue
+unreachable pauses the loop, which retries with backoff; a finished result whose publication
+failed is retried, never dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
-from typing import Awaitable, Callable
+import os
+import socket
+import time
 
-import numpy as np
-
-from engines.engine import Engine, Transcript
-from streamserver.events import TranscriptEvent, Utterance
+from engines.engine import Engine
+from streamserver.asr.batch import BatchRecogniser
+from streamserver.events import TranscriptEvent, Utterance, UtteranceFailedEvent
 from streamserver.intent import IntentClassifier
+from streamserver.metrics import Metrics
+from streamserver.queue.base import MAX_ATTEMPTS, UNREACHABLE, Entry, UtteranceQueue
+from streamserver.queue.fair import fair_batch
 
 log = logging.getLogger(__name__)
-Publish = Callable[[TranscriptEvent], Awaitable[None]]
+HEARTBEAT_S = 0.25  # also how often dead workers' jobs are looked for
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class AsrWorker:
-    def __init__(self, engine: Engine, publish: Publish, max_batch: int = 16, intent: IntentClassifier | None = None) -> None:
-        self.engine = engine
-        self.intent = intent
-        self.publish = publish
-        self.max_batch = max_batch
-        self.queue: asyncio.Queue[Utterance] = asyncio.Queue()
-        # One thread: the engine serves one batch at a time; the event loop never waits on it.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
-        self._task: asyncio.Task | None = None
-        self.batches = 0
+    def __init__(
+        self, engine: Engine, queue: UtteranceQueue, intent: IntentClassifier | None = None, max_batch: int = 16,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.engine, self.queue, self.max_batch = engine, queue, max_batch
+        self.metrics = metrics or Metrics()
+        self.recogniser = BatchRecogniser(engine, intent, self.metrics)
+        self.buffer: list[Entry] = []
+        self._in_progress: set[str] = set()
+        self._rate = 0.0  # utterances/s, smoothed: what backpressure reads
+        self.ready = False  # engine loaded and queue reachable: /readyz
         self.transcribed = 0
+        self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="asr-worker")
+        """Run in the background of this process's event loop (`serve`)."""
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="asr-worker")
 
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def submit(self, utterance: Utterance) -> None:
-        self.queue.put_nowait(utterance)
+    async def run(self) -> None:
+        await self._until_reachable(self.queue.ensure_group)
+        self.ready = True
+        tasks = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._claims())]
+        try:
+            await self._loop()
+        finally:
+            for t in tasks:
+                t.cancel()
+            self.recogniser.close()
 
-    async def _run(self) -> None:
+    async def _until_reachable(self, op, *args):  # noqa: ANN001, ANN202 - any queue coroutine
+        delay = 0.1
         while True:
-            batch = [await self.queue.get()]
-            while len(batch) < self.max_batch and not self.queue.empty():
-                batch.append(self.queue.get_nowait())
+            try:
+                return await op(*args)
+            except UNREACHABLE as error:
+                self.ready = False
+                log.warning("queue unavailable (%s); retrying in %.1fs", error, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            try:
+                await self.queue.heartbeat({"utt_per_s": round(self._rate, 2), "buffer": len(self.buffer)})
+                self.metrics.queue_depth.set(await self.queue.depth())
+                self.ready = True
+            except UNREACHABLE:
+                self.ready = False
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def _claims(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                claimed = await self.queue.claim_orphans()
+            except UNREACHABLE:
+                continue
+            known = {eid for eid, _ in self.buffer} | self._in_progress
+            self.buffer += [e for e in claimed if e[0] not in known]
+
+    async def _loop(self) -> None:
+        while True:
+            if not self.buffer:
+                # No read-ahead: jobs this worker holds but has not started are the ones that
+                # wait for a claim if it dies, so it takes only what its next batch will use.
+                try:
+                    self.buffer += await self.queue.read(self.max_batch, 200)
+                except UNREACHABLE as error:
+                    self.ready = False
+                    log.warning("queue unavailable (%s)", error)
+                    await asyncio.sleep(0.5)
+                    continue
+            if not self.buffer:
+                continue
+            batch = fair_batch(self.buffer, self.max_batch, lambda e: e[1].room_id)
+            self._in_progress = {eid for eid, _ in batch}  # not to be claimed back from ourselves
             try:
                 await self._transcribe(batch)
-            except Exception:  # one bad batch must not stop transcription for every room
-                log.exception("ASR batch of %d failed", len(batch))
+            finally:
+                # A job left pending (its recognition failed) may be claimed again, by us too.
+                self._in_progress = set()
 
-    async def _transcribe(self, batch: list[Utterance]) -> None:
-        by_language: dict[str, list[Utterance]] = defaultdict(list)
-        for u in batch:
-            by_language[u.language].append(u)
-        loop = asyncio.get_running_loop()
-        for language, group in by_language.items():
-            audios = [u.audio for u in group]
-            results, intents = await loop.run_in_executor(
-                self._executor, recognise, self.engine, self.intent, audios, None if language == "auto" else language
-            )
-            self.batches += 1
-            for u, r in zip(group, results):
-                self.transcribed += 1
-                if not r.text:
-                    continue  # non-speech: nothing to show the teacher
-                event = TranscriptEvent.of(u, r.text, r.language)
-                event.intent = intents.get(r.text)
-                await self.publish(event)
+    async def _transcribe(self, batch: list[Entry]) -> None:
+        started = time.perf_counter()
+        for (entry_id, u), event in await self.recogniser.run(batch):
+            if event is None:
+                await self._failed(entry_id, u)
+            else:
+                await self._complete(entry_id, u, event)
+        seconds = time.perf_counter() - started
+        self._rate = 0.8 * self._rate + 0.2 * (len(batch) / max(seconds, 1e-3))
 
+    async def _complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> None:
+        fresh = await self._until_reachable(self.queue.complete, entry_id, u, event)
+        self.transcribed += 1
+        if fresh:
+            self.metrics.utterances.labels(outcome=event.type).inc()
+            self.metrics.eos_to_published.observe(max(0.0, event.published_ts - u.end_of_speech_ts))
+        else:
+            self.metrics.utterances.labels(outcome="duplicate_suppressed").inc()
 
-def recognise(
-    engine: Engine, intent: IntentClassifier | None, audios: list[np.ndarray], language: str | None
-) -> tuple[list[Transcript], dict[str, dict]]:
-    """In a worker thread: transcripts, then the intent of each distinct non-empty one."""
-    results = engine.transcribe_batch(audios, language)
-    texts = sorted({r.text for r in results if r.text})
-    intents: dict[str, dict] = {}
-    if intent and texts:
-        try:
-            intents = {t: i.to_dict() for t, i in zip(texts, intent.classify(texts))}
-        except Exception:  # a transcript without a label beats no transcript
-            log.exception("intent classification failed")
-    return results, intents
+    async def _failed(self, entry_id: str, u: Utterance) -> None:
+        """The job stays pending and is delivered again (claim_orphans) until MAX_ATTEMPTS."""
+        if await self._until_reachable(self.queue.attempt, entry_id) >= MAX_ATTEMPTS:
+            log.error("giving up utterance %s after %d attempts", u.utterance_id, MAX_ATTEMPTS)
+            await self._complete(entry_id, u, UtteranceFailedEvent.of(u))

@@ -9,16 +9,17 @@ import logging
 from aiohttp import web
 
 from engines.engine import Engine
-from streamserver.asr.stream_worker import StreamWorker, worker_name
+from streamserver.asr.worker import AsrWorker, worker_name
 from streamserver.intent import IntentClassifier
-from streamserver.queue.redis_queue import JobQueue
+from streamserver.metrics import CONTENT_TYPE
+from streamserver.queue.redis_queue import RedisQueue
 
 log = logging.getLogger(__name__)
 
 
-def metrics_app(worker: StreamWorker) -> web.Application:
+def metrics_app(worker: AsrWorker) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=worker.metrics.render(), content_type="text/plain")
+        return web.Response(body=worker.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "model": worker.engine.model, "buffer": len(worker.buffer)})
@@ -37,8 +38,8 @@ async def run_worker(
     engine: Engine, intent: IntentClassifier | None, redis_url: str, max_batch: int, name: str | None,
     metrics_host: str, metrics_port: int | None,
 ) -> None:
-    queue = JobQueue(redis_url, name or worker_name())
-    worker = StreamWorker(engine, queue, intent, max_batch)
+    queue = RedisQueue(redis_url, name or worker_name())
+    worker = AsrWorker(engine, queue, intent, max_batch)
     runner = None
     if metrics_port is not None:
         runner = web.AppRunner(metrics_app(worker), access_log=None)

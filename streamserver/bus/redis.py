@@ -1,10 +1,9 @@
 """Redis bus: PUBLISH for live delivery, a capped stream per room for replay; several server
 processes share rooms through it.
 
-Keys: channel `room:<id>` (pub/sub), stream `room:<id>:history` (field "event"), and the room's
-seats: sorted set `room:<id>:seats` (student -> lease expiry, ms of Redis's own clock, so the
-processes' clocks never matter) with hash `room:<id>:seat_leases` (student -> its lease per
-holding process). Both seat keys expire with their last lease.
+Keys (streamserver/bus/keys.py): the room's channel, its history stream, its record and its
+seats; seat leases are in ms of Redis's own clock, so the processes' clocks never matter, and
+both seat keys expire with their last lease.
 The hiredis parser is used: redis-py picks it by default whenever hiredis is installed.
 """
 
@@ -21,7 +20,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import RedisError
 
-from streamserver.events import room_channel
+from streamserver.bus.keys import HISTORY_FIELD, history_key, meta_key, room_channel, seat_keys
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +30,6 @@ _FAILURES = (RedisError, OSError)
 
 class BusError(RuntimeError):
     """The bus could not do what was asked: Redis unreachable, connection lost, an error reply."""
-
-
-def history_key(room_id: str) -> str:
-    return f"{room_channel(room_id)}:history"
-
-
-def seat_keys(room_id: str) -> list[str]:
-    return [f"{room_channel(room_id)}:seats", f"{room_channel(room_id)}:seat_leases"]
 
 
 # KEYS[1] the room's seats (student -> end of its longest lease), KEYS[2] its leases (student ->
@@ -147,7 +138,7 @@ class RedisBus:
                 pipe.publish(room_channel(room_id), event_json)
                 pipe.xadd(
                     history_key(room_id),
-                    {"event": event_json},
+                    {HISTORY_FIELD: event_json},
                     maxlen=self._history_len,
                     approximate=True,  # "~": trims whole radix nodes, cheaper than an exact cap
                 )
@@ -230,7 +221,7 @@ class RedisBus:
     async def _history_after(self, room_id: str, mark: str) -> tuple[list[str], str]:
         """History entries after `mark` (oldest first) and the new mark."""
         entries = await self._redis.xrange(history_key(room_id), min=f"({mark}", max="+")
-        return [fields["event"] for _id, fields in entries], (entries[-1][0] if entries else mark)
+        return [fields[HISTORY_FIELD] for _id, fields in entries], (entries[-1][0] if entries else mark)
 
     async def history(self, room_id: str, limit: int = 200) -> list[str]:
         # MAXLEN ~ may keep a few more than history_len; cap here so both buses agree.
@@ -241,7 +232,7 @@ class RedisBus:
             entries = await self._redis.xrevrange(history_key(room_id), count=count)
         except _FAILURES as e:
             raise BusError(f"history of room {room_id!r} failed: {e}") from e
-        return [fields["event"] for _id, fields in reversed(entries)]
+        return [fields[HISTORY_FIELD] for _id, fields in reversed(entries)]
 
     async def subscriber_count(self, room_id: str) -> int:
         """Subscribers of the room across every process (PUBSUB NUMSUB)."""
@@ -253,13 +244,13 @@ class RedisBus:
 
     async def save_room(self, room_id: str, meta: dict[str, str]) -> None:
         try:
-            await self._redis.hset(f"{room_channel(room_id)}:meta", mapping=meta)
+            await self._redis.hset(meta_key(room_id), mapping=meta)
         except _FAILURES as e:
             raise BusError(f"saving room {room_id!r} failed: {e}") from e
 
     async def load_room(self, room_id: str) -> dict[str, str] | None:
         try:
-            meta = await self._redis.hgetall(f"{room_channel(room_id)}:meta")
+            meta = await self._redis.hgetall(meta_key(room_id))
         except _FAILURES as e:
             raise BusError(f"loading room {room_id!r} failed: {e}") from e
         return meta or None

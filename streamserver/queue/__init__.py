@@ -1,6 +1,9 @@
-"""Utterance jobs between gateways and ASR workers, through one Redis Stream.
+"""The seam between the audio pipeline and recognition: utterances wait here for a worker.
 
-gateway: Utterance -> XADD asr:jobs          (jobs.py encodes it, audio as PCM16)
-worker:  XREADGROUP asr -> batch -> engine -> publish + XACK, atomically and once per utterance
-A worker that dies leaves its jobs pending; another claims them (redis_queue.py).
+audio pipeline -> UtteranceSink (sink.py: submit, announce, "busy") -> an UtteranceQueue
+  memory_queue.MemoryQueue  in-process (`serve`): the ASR worker runs in the same process
+  redis_queue.RedisQueue    a Redis Stream (`gateway` + `worker` processes), jobs.py encodes them
+-> asr.worker.AsrWorker (read, recognise, complete: publish the result once and acknowledge).
+Both queues keep the same promises: a result is published at most once per utterance, a job
+whose worker fails is delivered again, and a job is never acknowledged without its result.
 """

@@ -1,16 +1,10 @@
-"""The utterance job queue on a Redis Stream with one consumer group.
+"""The recognition queue on a Redis Stream with one consumer group (`gateway` + `worker`).
 
-Keys
-  asr:jobs              stream of jobs; an entry is deleted once its transcript is published,
-                        so XLEN is the backlog (waiting + being transcribed)
-  asr:alive:<worker>    a worker's heartbeat (expires ALIVE_TTL_S after its last beat)
-  asr:workers           hash worker -> JSON stats (throughput, last beat) for backpressure
-  asr:done:<utterance>  set by the publication itself: at most one transcript per utterance
-
-A job is acknowledged in the same Lua script that publishes its transcript, so a worker that
-dies before that leaves the job pending, and a worker that dies after it leaves nothing to redo.
-Pending jobs of a worker whose heartbeat expired are claimed by a live one within about a
-second; any job idle longer than the visibility timeout is claimed too (a worker alive but stuck).
+Keys are those of streamserver/bus/keys.py. A job is acknowledged in the same Lua script that
+publishes its result, so a worker that dies before that leaves the job pending, and a worker
+that dies after it leaves nothing to redo. Pending jobs of a worker whose heartbeat expired are
+claimed by a live one within about a second; any job idle longer than the visibility timeout is
+claimed too (a worker alive but stuck).
 """
 
 from __future__ import annotations
@@ -25,15 +19,13 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ResponseError
 
-from streamserver.bus.redis import history_key
-from streamserver.events import Utterance, room_channel
+from streamserver.bus.keys import HISTORY_FIELD, JOB_GROUP, JOBS, WORKERS, alive_key, attempts_key, done_key, history_key, room_channel
+from streamserver.events import TranscriptEvent, Utterance
+from streamserver.queue.base import Entry
 from streamserver.queue.jobs import JobError, decode_job, encode_job
 
 log = logging.getLogger(__name__)
 
-STREAM = "asr:jobs"
-GROUP = "asr"
-WORKERS = "asr:workers"
 # A worker silent this long is dead and its jobs go to another: 4 missed heartbeats. Short,
 # because its utterances wait that long; a stalled but live worker only loses duplicate work
 # (publication stays once per utterance).
@@ -41,7 +33,6 @@ ALIVE_TTL_S = 1.0
 DONE_TTL_S = 24 * 3600
 CLAIM_MIN_IDLE_MS = 500  # two workers claiming at once: the second finds the jobs just claimed
 FORGET_IDLE_MS = 10 * 60 * 1000  # a consumer with nothing pending, silent this long, is removed
-MAX_ATTEMPTS = 3  # a job whose transcription failed this often is given up, with an event
 
 # Publish once per utterance, append to the room's history, acknowledge and delete the job:
 # atomically, so that no crash can publish twice or acknowledge without publishing.
@@ -49,25 +40,15 @@ _COMPLETE = """
 local fresh = redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[6])
 if fresh then
   redis.call('PUBLISH', ARGV[1], ARGV[2])
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'event', ARGV[2])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', ARGV[7], ARGV[2])
 end
 redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
 redis.call('XDEL', KEYS[3], ARGV[5])
 if fresh then return 1 else return 0 end
 """
 
-Entry = tuple[str, Utterance]
 
-
-def _alive_key(worker: str) -> str:
-    return f"asr:alive:{worker}"
-
-
-def _done_key(utterance_id: str) -> str:
-    return f"asr:done:{utterance_id}"
-
-
-class JobQueue:
+class RedisQueue:
     def __init__(self, url: str, worker: str | None = None, *, visibility_s: float = 30.0, history_len: int = 500) -> None:
         self.worker = worker
         self.visibility_ms = int(visibility_s * 1000)
@@ -90,12 +71,12 @@ class JobQueue:
     # ---- gateway side ----
 
     async def submit(self, u: Utterance) -> str:
-        entry = await self.redis.xadd(STREAM, encode_job(u))
+        entry = await self.redis.xadd(JOBS, encode_job(u))
         return entry.decode()
 
     async def depth(self) -> int:
         """Jobs not yet published: waiting plus being transcribed."""
-        return int(await self.redis.xlen(STREAM))
+        return int(await self.redis.xlen(JOBS))
 
     async def capacity(self) -> tuple[int, float]:
         """Live workers and their summed recent throughput (utterances/s). Alive = its heartbeat
@@ -104,7 +85,7 @@ class JobQueue:
         names = list(stats)
         async with self.redis.pipeline(transaction=False) as pipe:
             for name in names:
-                pipe.exists(_alive_key(name.decode() if isinstance(name, bytes) else name))
+                pipe.exists(alive_key(name.decode() if isinstance(name, bytes) else name))
             alive = await pipe.execute() if names else []
         workers, rate = 0, 0.0
         for name, is_alive in zip(names, alive):
@@ -118,7 +99,7 @@ class JobQueue:
     async def ensure_group(self) -> None:
         """Create the group (and the stream) once; after a Redis restart without its data too."""
         try:
-            await self.redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+            await self.redis.xgroup_create(JOBS, JOB_GROUP, id="0", mkstream=True)
         except ResponseError as error:
             if "BUSYGROUP" not in str(error):
                 raise
@@ -128,7 +109,7 @@ class JobQueue:
         """New jobs for this worker (waits up to block_ms for the first)."""
         assert self.worker, "a worker name is needed to read"
         try:
-            reply = await self.redis.xreadgroup(GROUP, self.worker, {STREAM: ">"}, count=count, block=block_ms)
+            reply = await self.redis.xreadgroup(JOB_GROUP, self.worker, {JOBS: ">"}, count=count, block=block_ms)
         except ResponseError as error:
             if "NOGROUP" not in str(error):
                 raise
@@ -139,47 +120,42 @@ class JobQueue:
     async def heartbeat(self, stats: dict[str, Any]) -> None:
         assert self.worker
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(_alive_key(self.worker), b"1", px=int(ALIVE_TTL_S * 1000))
+            pipe.set(alive_key(self.worker), b"1", px=int(ALIVE_TTL_S * 1000))
             pipe.hset(WORKERS, self.worker, json.dumps({**stats, "ts": time.time()}))
             await pipe.execute()
 
     async def claim_orphans(self, count: int = 256) -> list[Entry]:
-        """Pending jobs of workers whose heartbeat expired, and any job idle past the visibility
-        timeout, now this worker's."""
         assert self.worker
         claimed: list[tuple[bytes, dict]] = []
-        for consumer in await self.redis.xinfo_consumers(STREAM, GROUP):
+        for consumer in await self.redis.xinfo_consumers(JOBS, JOB_GROUP):
             name = consumer["name"].decode() if isinstance(consumer["name"], bytes) else consumer["name"]
-            if name == self.worker or await self.redis.exists(_alive_key(name)):
+            if name == self.worker or await self.redis.exists(alive_key(name)):
                 continue
             if int(consumer["pending"]) == 0:
                 # Forget a consumer only once it has been idle a long while: one that is just
                 # starting (or whose beat lapsed briefly) may be reading right now, and deleting
                 # a consumer throws away its pending jobs.
                 if int(consumer.get("idle", 0)) >= FORGET_IDLE_MS:
-                    await self.redis.xgroup_delconsumer(STREAM, GROUP, name)
+                    await self.redis.xgroup_delconsumer(JOBS, JOB_GROUP, name)
                     await self.redis.hdel(WORKERS, name)
                 continue
-            pending = await self.redis.xpending_range(STREAM, GROUP, "-", "+", count, consumername=name)
+            pending = await self.redis.xpending_range(JOBS, JOB_GROUP, "-", "+", count, consumername=name)
             ids = [p["message_id"] for p in pending]
             if ids:
-                got = await self.redis.xclaim(STREAM, GROUP, self.worker, CLAIM_MIN_IDLE_MS, ids)
+                got = await self.redis.xclaim(JOBS, JOB_GROUP, self.worker, CLAIM_MIN_IDLE_MS, ids)
                 claimed += [(eid, fields) for eid, fields in got if fields]
                 log.warning("claimed %d jobs of worker %s (no heartbeat)", len(got), name)
-        _next, stale, *_ = await self.redis.xautoclaim(STREAM, GROUP, self.worker, self.visibility_ms, "0-0", count=count)
+        _next, stale, *_ = await self.redis.xautoclaim(JOBS, JOB_GROUP, self.worker, self.visibility_ms, "0-0", count=count)
         claimed += [(eid, fields) for eid, fields in stale if fields]
         return await self._decode(claimed)
 
-    async def complete(self, entry_id: str, u: Utterance, event_json: str) -> bool:
-        """Publish the utterance's result to its room and acknowledge the job; False when an
-        earlier delivery of the same utterance already published it (nothing is sent again)."""
-        keys = [_done_key(u.utterance_id), history_key(u.room_id), STREAM]
-        args = [room_channel(u.room_id), event_json, self.history_len, GROUP, entry_id, int(DONE_TTL_S)]
+    async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
+        keys = [done_key(u.utterance_id), history_key(u.room_id), JOBS]
+        args = [room_channel(u.room_id), event.to_json(), self.history_len, JOB_GROUP, entry_id, int(DONE_TTL_S), HISTORY_FIELD]
         return bool(await self._complete(keys=keys, args=args))
 
     async def attempt(self, entry_id: str) -> int:
-        """Count a failed transcription of a job; returns how many there have been."""
-        key = f"asr:attempts:{entry_id}"
+        key = attempts_key(entry_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.incr(key)
             pipe.expire(key, int(DONE_TTL_S))
@@ -187,8 +163,8 @@ class JobQueue:
         return int(count)
 
     async def drop(self, entry_id: str) -> None:
-        await self.redis.xack(STREAM, GROUP, entry_id)
-        await self.redis.xdel(STREAM, entry_id)
+        await self.redis.xack(JOBS, JOB_GROUP, entry_id)
+        await self.redis.xdel(JOBS, entry_id)
 
     async def _decode(self, raw: list[tuple[bytes, dict]]) -> list[Entry]:
         out: list[Entry] = []

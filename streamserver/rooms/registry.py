@@ -1,7 +1,7 @@
 """Rooms and their students, in this process. With several gateways each keeps the students
-seated through it; a room's name and language are shared through the bus (Classroom.find_room),
+seated through it; a room's name and language are shared through the bus (rooms/directory.py),
 and so are its seats: the student limit is counted on the bus, for the whole room
-(Bus.take_seat); Classroom._seat raises RoomFull when the room has no seat left."""
+(Bus.take_seat); rooms/seats.py raises RoomFull when the room has no seat left."""
 
 from __future__ import annotations
 

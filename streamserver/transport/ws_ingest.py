@@ -21,10 +21,7 @@ import av
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from streamserver.audio.pipeline import StudentAudio
 from streamserver.audio.resample import RATE, To16kMono
-from streamserver.classroom import Classroom
-from streamserver.rooms.registry import Room
 
 log = logging.getLogger(__name__)
 
@@ -83,27 +80,22 @@ def _read_format(text: str) -> str:
     return message["format"]
 
 
-async def serve(request: web.Request, classroom: Classroom, room: Room, student_id: str, name: str) -> web.WebSocketResponse:
-    """Run one student's stream until either side closes. The caller has checked the token and
-    the identity; open_stream's RoomFull/Busy/BusError propagate before the upgrade, so the
-    caller can answer them with an HTTP status."""
-    audio = await classroom.open_stream(room, student_id, name)
-    try:
-        ws = web.WebSocketResponse(heartbeat=20, max_msg_size=TRANSPORT_LIMIT_BYTES)
-        await ws.prepare(request)
-        await _stream(ws, room, student_id, audio, lambda: _is_current(classroom, room, student_id, audio))
-        return ws
-    finally:
-        classroom.close_stream(room, student_id, audio)  # flushes the last utterance
+async def serve(
+    request: web.Request, room_id: str, student_id: str, push: Callable[[np.ndarray], None], current: Callable[[], bool]
+) -> web.WebSocketResponse:
+    """Run one student's stream until either side closes: decoded 16 kHz PCM goes to `push`
+    while `current()` says this stream is still the student's (a reconnect replaces it). The
+    caller has checked the token, seated the student and ends the stream afterwards."""
+    ws = web.WebSocketResponse(heartbeat=20, max_msg_size=TRANSPORT_LIMIT_BYTES)
+    await ws.prepare(request)
+    await _stream(ws, room_id, student_id, push, current)
+    return ws
 
 
-def _is_current(classroom: Classroom, room: Room, student_id: str, audio: StudentAudio) -> bool:
-    connection = classroom.connections.get((room.room_id, student_id))
-    return connection is not None and connection.audio is audio
-
-
-async def _stream(ws: web.WebSocketResponse, room: Room, student_id: str, audio: StudentAudio, current: Callable[[], bool]) -> None:
-    ready = {"type": "ready", "room_id": room.room_id, "student_id": student_id, "sample_rate": RATE, "format": "pcm16"}
+async def _stream(
+    ws: web.WebSocketResponse, room_id: str, student_id: str, push: Callable[[np.ndarray], None], current: Callable[[], bool]
+) -> None:
+    ready = {"type": "ready", "room_id": room_id, "student_id": student_id, "sample_rate": RATE, "format": "pcm16"}
     await ws.send_json(ready)
     decoder: Pcm16Decoder | OpusDecoder = Pcm16Decoder()
     first = True
@@ -115,7 +107,7 @@ async def _stream(ws: web.WebSocketResponse, room: Room, student_id: str, audio:
             if message.type == WSMsgType.BINARY:
                 if len(message.data) > MAX_MESSAGE_BYTES:
                     raise BadInput(f"message of {len(message.data)} bytes is over {MAX_MESSAGE_BYTES}", CLOSE_TOO_BIG)
-                audio.push_pcm16(decoder.decode(message.data))
+                push(decoder.decode(message.data))
             elif message.type == WSMsgType.TEXT:
                 if not first:
                     raise BadInput("a format message must come before any audio", CLOSE_UNSUPPORTED)
@@ -123,13 +115,13 @@ async def _stream(ws: web.WebSocketResponse, room: Room, student_id: str, audio:
                 decoder = OpusDecoder() if fmt == "opus" else Pcm16Decoder()
                 await ws.send_json({"type": "format", "format": fmt, "sample_rate": 48000 if fmt == "opus" else RATE})
             elif message.type == WSMsgType.ERROR:  # e.g. over the transport limit: aiohttp closes with 1009
-                log.info("ingest stream of %s/%s: %s", room.room_id, student_id, ws.exception())
+                log.info("ingest stream of %s/%s: %s", room_id, student_id, ws.exception())
                 return
             first = False
     except BadInput as error:
         await _close(ws, str(error), error.code)
     except Exception:  # a bug of ours must end this stream only, never the room
-        log.exception("ingest stream of %s/%s failed", room.room_id, student_id)
+        log.exception("ingest stream of %s/%s failed", room_id, student_id)
         await _close(ws, "internal error", WSCloseCode.INTERNAL_ERROR)
 
 

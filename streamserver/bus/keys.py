@@ -1,0 +1,52 @@
+"""The Redis key layout, in one place: the bus, the job queue and their Lua scripts get every key
+name from here (scripts take them as KEYS/ARGV, never spell them).
+
+Rooms
+  room:<id>               pub/sub channel of the room's events
+  room:<id>:history       capped stream of the same events (field HISTORY_FIELD), for replay
+  room:<id>:meta          hash: name, language, max_students (any gateway can adopt the room)
+  room:<id>:seats         sorted set student -> end of its longest seat lease (Redis clock, ms)
+  room:<id>:seat_leases   hash student -> JSON {holder: lease end}
+Recognition jobs
+  asr:jobs                stream of utterance jobs (consumer group JOB_GROUP); an entry is deleted
+                          once its result is published, so XLEN is the backlog
+  asr:alive:<worker>      a worker's heartbeat, expiring shortly after its last beat
+  asr:workers             hash worker -> JSON stats (throughput, last beat) for backpressure
+  asr:done:<utterance>    set by the publication itself: at most one result per utterance
+  asr:attempts:<entry>    failed recognitions of a job
+"""
+
+from __future__ import annotations
+
+HISTORY_FIELD = "event"
+JOBS = "asr:jobs"
+JOB_GROUP = "asr"
+WORKERS = "asr:workers"
+
+
+def room_channel(room_id: str) -> str:
+    return f"room:{room_id}"
+
+
+def history_key(room_id: str) -> str:
+    return f"room:{room_id}:history"
+
+
+def meta_key(room_id: str) -> str:
+    return f"room:{room_id}:meta"
+
+
+def seat_keys(room_id: str) -> list[str]:
+    return [f"room:{room_id}:seats", f"room:{room_id}:seat_leases"]
+
+
+def alive_key(worker: str) -> str:
+    return f"asr:alive:{worker}"
+
+
+def done_key(utterance_id: str) -> str:
+    return f"asr:done:{utterance_id}"
+
+
+def attempts_key(entry_id: str) -> str:
+    return f"asr:attempts:{entry_id}"

@@ -1,0 +1,95 @@
+"""The recognition queue in this process (`serve`): the same promises as the Redis Stream, kept
+in memory for the ASR worker that runs beside the audio pipeline.
+
+A read takes jobs by per-room fair share from everything waiting (the whole queue is at hand
+here), so one room's backlog never holds back another room's next utterance by more than a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import OrderedDict
+from typing import Any
+
+from streamserver.queue.fair import fair_batch
+from streamserver.bus.ordered import OrderedPublisher
+from streamserver.events import TranscriptEvent, Utterance
+from streamserver.queue.base import Entry
+
+ALIVE_TTL_S = 1.0  # as the Redis queue's: a worker silent this long has no capacity
+DONE_REMEMBERED = 100_000  # utterance ids kept against a second publication
+
+
+class MemoryQueue:
+    def __init__(self, publisher: OrderedPublisher, *, visibility_s: float = 30.0) -> None:
+        self.publisher = publisher
+        self.visibility_s = visibility_s
+        self._ids = itertools.count(1)
+        self._waiting: list[Entry] = []
+        self._pending: dict[str, tuple[Utterance, float]] = {}  # delivered, not completed: id -> (u, when)
+        self._done: OrderedDict[str, None] = OrderedDict()
+        self._attempts: dict[str, int] = {}
+        self._arrived = asyncio.Event()
+        self._beat = (-1e9, 0.0)  # (monotonic time, utt/s) of the worker's last heartbeat
+
+    async def submit(self, u: Utterance) -> str:
+        entry_id = str(next(self._ids))
+        self._waiting.append((entry_id, u))
+        self._arrived.set()
+        return entry_id
+
+    async def depth(self) -> int:
+        return len(self._waiting) + len(self._pending)
+
+    async def capacity(self) -> tuple[int, float]:
+        when, rate = self._beat
+        return (1, rate) if time.monotonic() - when < ALIVE_TTL_S else (0, 0.0)
+
+    async def ensure_group(self) -> None:
+        return None
+
+    async def read(self, count: int, block_ms: int) -> list[Entry]:
+        if not self._waiting:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), block_ms / 1000)
+            except TimeoutError:
+                return []
+        batch = fair_batch(self._waiting, count, lambda e: e[1].room_id)
+        delivered = time.monotonic()
+        self._pending.update((entry_id, (u, delivered)) for entry_id, u in batch)
+        return batch
+
+    async def claim_orphans(self) -> list[Entry]:
+        """Jobs delivered longer than the visibility timeout ago and not completed (their
+        recognition failed): delivered again, as the Redis queue's XAUTOCLAIM does."""
+        now = time.monotonic()
+        stale = [(entry_id, u) for entry_id, (u, when) in self._pending.items() if now - when >= self.visibility_s]
+        for entry_id, u in stale:
+            self._pending[entry_id] = (u, now)
+        return stale
+
+    async def heartbeat(self, stats: dict[str, Any]) -> None:
+        self._beat = (time.monotonic(), float(stats.get("utt_per_s", 0.0)))
+
+    async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
+        fresh = u.utterance_id not in self._done
+        if fresh:
+            if not await self.publisher.publish(event):
+                # Kept pending: the worker retries the completion, as it does when Redis is away.
+                raise ConnectionError(f"the bus did not take the result of utterance {u.utterance_id}")
+            self._done[u.utterance_id] = None
+            if len(self._done) > DONE_REMEMBERED:
+                self._done.popitem(last=False)
+        self._pending.pop(entry_id, None)
+        self._attempts.pop(entry_id, None)
+        return fresh
+
+    async def attempt(self, entry_id: str) -> int:
+        self._attempts[entry_id] = self._attempts.get(entry_id, 0) + 1
+        return self._attempts[entry_id]
+
+    async def close(self) -> None:
+        return None

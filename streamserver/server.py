@@ -1,0 +1,49 @@
+"""The two ways to run the server, wired from the same parts:
+
+serve    audio pipeline -> UtteranceSink -> MemoryQueue -> AsrWorker in this process -> bus
+gateway  audio pipeline -> UtteranceSink -> RedisQueue (asr:jobs) -> `streamserver worker`
+         processes (the same AsrWorker) -> Redis pub/sub
+Batching, retries, events and metrics are the same code in both; only the queue differs.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from engines.engine import Engine
+from streamserver.api.app import create_app
+from streamserver.asr.worker import AsrWorker
+from streamserver.bus import create_bus
+from streamserver.bus.ordered import OrderedPublisher
+from streamserver.bus.redis import RedisBus
+from streamserver.classroom import Classroom
+from streamserver.config import Settings
+from streamserver.intent import IntentClassifier
+from streamserver.metrics import Metrics
+from streamserver.queue.memory_queue import MemoryQueue
+from streamserver.queue.redis_queue import RedisQueue
+from streamserver.queue.sink import UtteranceSink
+
+
+def serve_app(settings: Settings, engine: Engine, intent: IntentClassifier | None) -> tuple[web.Application, Classroom]:
+    """Everything in one process; events through Redis when settings.redis_url is set."""
+    bus = create_bus(settings.redis_url, settings.history_len)
+    publisher = OrderedPublisher(bus)
+    metrics = Metrics()
+    queue = MemoryQueue(publisher)
+    worker = AsrWorker(engine, queue, intent, settings.max_batch, metrics)
+    sink = UtteranceSink(queue, publisher, settings.max_queue_wait_s)
+    classroom = Classroom(settings, bus, sink, publisher, metrics, background=(worker,))
+    return create_app(classroom, worker), classroom
+
+
+def gateway_app(settings: Settings) -> tuple[web.Application, Classroom]:
+    """Recognition in `streamserver worker` processes, found through Redis."""
+    if not settings.redis_url:
+        raise ValueError("a gateway needs --redis-url: its workers are found through Redis")
+    bus = RedisBus(settings.redis_url, settings.history_len)
+    publisher = OrderedPublisher(bus)
+    queue = RedisQueue(settings.redis_url, history_len=settings.history_len)
+    sink = UtteranceSink(queue, publisher, settings.max_queue_wait_s)
+    classroom = Classroom(settings, bus, sink, publisher, Metrics())
+    return create_app(classroom), classroom
