@@ -167,9 +167,8 @@ def _gateway(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    # Workers run several to a machine: ONNX Runtime threads that spin while idle would take the
-    # cores from the others (2 cores, 2 workers x 2 threads, 100 students: p99 3.4 s spinning,
-    # 1.7 s not). STREAMSERVER_ORT_SPIN=1 restores the spinning process-wide pool.
+    # Workers run several to a machine: ONNX Runtime threads that spin while idle take the cores
+    # from the others. STREAMSERVER_ORT_SPIN=1 restores the spinning process-wide pool.
     os.environ.setdefault("STREAMSERVER_ORT_SPIN", "0")
     from streamserver.asr import worker_process
 

@@ -165,9 +165,8 @@ class RedisBus:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 if mark is None:
-                    # Read before SUBSCRIBE: an event published right after SUBSCRIBE whose message
-                    # is lost with the connection (before it was read) is then still replayed.
-                    # Read after, such an event sat below the mark and was lost for good.
+                    # Read before SUBSCRIBE, so that an event published right after SUBSCRIBE whose
+                    # message is lost with the connection (before it was read) is still replayed.
                     mark = await self._history_end(room_id)
                 await pubsub.subscribe(channel)
                 if lost:
