@@ -53,13 +53,23 @@ def test_browser_student_to_teacher_dashboard_through_redis(redis_url, tmp_path,
             browser = p.chromium.launch_persistent_context(
                 str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=_chromium_flags(mic)
             )
+            # The pages run under the server's CSP (no eval: Playwright's string predicates would
+            # break it, so the waits use locators); nothing may violate it, and no request of
+            # theirs may carry a Referer (the links' tokens live in the fragment anyway).
+            violations: list[str] = []
+            referers: list[str] = []
             teacher = browser.new_page()
-            teacher.goto(room["teacher_url"])
-            teacher.wait_for_function("document.querySelector('#feed-status').textContent.includes('live')", timeout=15000)
             student = browser.new_page()
-            student.goto(room["student_url"] + "&name=Alice")
+            for page in (teacher, student):
+                page.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
+                page.on("request", lambda r: referers.append(r.headers["referer"]) if r.headers.get("referer") else None)
+            page_response = teacher.goto(room["teacher_url"])
+            assert "frame-ancestors 'none'" in page_response.headers["content-security-policy"]
+            teacher.locator("#feed-status", has_text="live").wait_for(timeout=15000)
+            student.goto(room["student_url"] + "&name=Alice")  # the name joins the fragment
+            assert student.input_value("#name") == "Alice"
             student.click("#join")
-            student.wait_for_function("document.querySelector('#status').textContent.includes('connected')", timeout=20000)
+            student.locator("#status", has_text="connected").wait_for(timeout=20000)
             deadline = time.time() + 60
             texts: list[str] = []
             while time.time() < deadline:
@@ -73,6 +83,9 @@ def test_browser_student_to_teacher_dashboard_through_redis(redis_url, tmp_path,
             teacher.screenshot(path=str(SCREENSHOT), full_page=True)
             latencies = teacher.eval_on_selector_all(".transcript .latency", "els => els.map(e => e.textContent)")
             browser.close()
+
+    assert not violations, violations
+    assert not referers, referers
 
     assert texts, "no transcript reached the dashboard"
     assert wer([reference], [" ".join(texts)]) <= 0.15, texts

@@ -119,7 +119,9 @@ def test_no_worker_means_busy_not_a_silent_queue(gateway):
     # A gateway has no engine of its own: a Mandarin room is the workers' business.
     status, zh_room = _post(gateway + "/api/rooms", {"name": "中文课", "language": "zh"}, {"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert status == 201, zh_room
-    token = room["student_url"].split("token=")[1].split("&")[0]
+    from streamserver.loadsim.clients import token_of
+
+    token = token_of(room["student_url"])
     status, answer = _post(f"{gateway}/api/rooms/{room['room_id']}/offer",
                            {"sdp": "v=0", "type": "offer", "token": token, "student_name": "Ann"})
     assert status == 503 and answer["error"] == "busy" and "no ASR worker" in answer["detail"]

@@ -20,14 +20,13 @@ import sys
 import urllib.request
 from pathlib import Path
 from typing import Iterator
-from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import pytest
 
 from benchmarks.scoring import normalize_en, wer
 from engines.cache import cache_dir
-from streamserver.loadsim.clients import Dashboard
+from streamserver.loadsim.clients import Dashboard, link_param
 from tests.server_process import ServerProcess
 from tests.test_ws_ingest import ingest_url, pcm16, send_frames, wait_for
 
@@ -109,7 +108,7 @@ def test_pages_and_static_files(server):
 def test_a_student_is_transcribed_on_the_teachers_feed(server, librivox):
     _, audio, reference = librivox[0]  # "and mister john dashwood had then leisure to consider ..."
     links = demo_links(server)
-    room = {"room_id": parse_qs(urlsplit(links["teacher"]).query)["room"][0],
+    room = {"room_id": link_param(links["teacher"], "room"),
             "teacher_url": links["teacher"], "student_url": links["student"]}
 
     async def scenario() -> dict:

@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import secrets
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -42,7 +43,9 @@ def _error(status: int, message: str) -> web.Response:
 async def _json_body(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    # ValueError: bad JSON, bad UTF-8 or a number too long; RecursionError: nesting too deep;
+    # LookupError: a charset Python does not know
+    except (ValueError, RecursionError, LookupError):
         raise web.HTTPBadRequest(text=json.dumps({"error": "body is not valid JSON"}), content_type="application/json")
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text=json.dumps({"error": "body must be a JSON object"}), content_type="application/json")
@@ -72,8 +75,8 @@ async def create_room(request: web.Request) -> web.Response:
     settings = classroom.settings
     if not settings.admin_token:
         return _error(403, "room creation is disabled: set STREAMSERVER_ADMIN_TOKEN")
-    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    if not given or not hmac.compare_digest(given, settings.admin_token):
+    given = tokens.bearer(request.headers.get("Authorization"))  # bytes: compare_digest takes no non-ASCII str
+    if given is None or not hmac.compare_digest(given, settings.admin_token.encode("utf-8", "surrogatepass")):
         return _error(401, "admin token required (Authorization: Bearer <token>)")
     body = await _json_body(request)
     name, language = body.get("name"), body.get("language", "en")
@@ -99,10 +102,18 @@ async def create_room(request: web.Request) -> web.Response:
     )
 
 
+# Removed from a student's name before any check: control characters (C0, DEL, C1), the bidi
+# marks, embeddings, overrides and isolates that could reorder the dashboard's text, and lone
+# surrogates (from JSON "\ud800" escapes; no encoder takes them).
+_NAME_STRIPPED = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
 def _student_identity(student_id: object, name: object, name_field: str) -> tuple[str, str]:
     """The student's id (the client's own, for a reconnect, else a new one) and display name."""
-    if not isinstance(name, str) or not name.strip() or len(name) > 80:
-        message = f"{name_field} must be a non-empty string of at most 80 characters"
+    if isinstance(name, str):
+        name = _NAME_STRIPPED.sub("", name).strip()
+    if not isinstance(name, str) or not name or len(name) > 80:
+        message = f"{name_field} must be a non-empty string of at most 80 characters (control and bidi characters do not count)"
         raise web.HTTPBadRequest(text=json.dumps({"error": message}), content_type="application/json")
     if not isinstance(student_id, str) or not 8 <= len(student_id) <= 64:
         student_id = secrets.token_hex(8)
@@ -276,8 +287,34 @@ async def json_errors(request: web.Request, handler):
         return _error(500, "internal error")
 
 
+# On every response. The pages' URLs carry tokens (in the fragment now; old links in the query):
+# no Referer ever leaves them. The CSP allows the pages' own files and connections only (their
+# WebSockets included: 'self' matches ws:/wss: of the same host), no inline script or style
+# (web_demo/ has none), the data: favicon, and no framing.
+SECURITY_HEADERS = {
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self' data:; media-src 'self' blob:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+}
+
+
+@web.middleware
+async def security_headers(request: web.Request, handler):
+    """SECURITY_HEADERS on every answer: returned, raised (an HTTPException is a response) or
+    static. A WebSocket's 101 has been sent by the time its handler returns."""
+    try:
+        response = await handler(request)
+    except web.HTTPException as error:
+        error.headers.update(SECURITY_HEADERS)
+        raise
+    if not response.prepared:
+        response.headers.update(SECURITY_HEADERS)
+    return response
+
+
 def create_app(classroom: Classroom, worker: AsrWorker | None = None) -> web.Application:
-    app = web.Application(client_max_size=classroom.settings.max_body_bytes, middlewares=[json_errors])
+    app = web.Application(client_max_size=classroom.settings.max_body_bytes, middlewares=[security_headers, json_errors])
     app[CLASSROOM] = classroom
     if worker is not None:
         app[WORKER] = worker

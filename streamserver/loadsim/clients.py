@@ -9,6 +9,7 @@ import time
 import wave
 from pathlib import Path
 from typing import Callable
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import numpy as np
@@ -54,8 +55,18 @@ async def create_room(
         return await r.json()
 
 
+def link_param(link: str, key: str) -> str:
+    """A value a room link carries: in its fragment (`#room=…&token=…`), or in the query of a link
+    of an older server."""
+    parts = urlsplit(link)
+    for part in (parts.fragment, parts.query):
+        if values := parse_qs(part).get(key):
+            return values[0]
+    raise ValueError(f"the link {parts.path} carries no {key}")
+
+
 def token_of(link: str) -> str:
-    return link.split("token=")[1]
+    return link_param(link, "token")
 
 
 async def join_student(

@@ -2,6 +2,10 @@
 
 A token names one room and one role; the server never stores it. A student token never opens
 the teacher's feed and a token of one room never opens another.
+
+Decoding is strict, so that one token has exactly one spelling: only ASCII `body.signature`
+in canonical unpadded base64url (anything else, a lone surrogate included, is a 401 and never
+an exception), an integer `exp`, string `room` and `role`.
 """
 
 from __future__ import annotations
@@ -10,10 +14,14 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 import time
 from dataclasses import dataclass
 
 ROLES = ("teacher", "student")
+_TOKEN = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
+_MAX_TOKEN_CHARS = 4096  # an issued token is about 150 characters
+_MAX_EXP = 2**53  # past any real expiry, and still exact as a float
 
 
 class TokenError(Exception):
@@ -34,7 +42,12 @@ def _b64(data: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    """Canonical unpadded base64url only: the alphabet is checked by the caller, and a text
+    whose unused trailing bits are set (several spellings of the same bytes) is refused."""
+    data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if _b64(data) != text:
+        raise ValueError("not canonical base64url")
+    return data
 
 
 def issue(secret: str, room_id: str, role: str, ttl_s: float) -> str:
@@ -45,21 +58,35 @@ def issue(secret: str, room_id: str, role: str, ttl_s: float) -> str:
     return f"{body}.{_b64(sig)}"
 
 
+def _claim(secret: str, token: object) -> Claim:
+    """The claim of a genuine token (expired or not), else TokenError 401."""
+    if not isinstance(token, str) or len(token) > _MAX_TOKEN_CHARS or not _TOKEN.fullmatch(token):
+        raise TokenError("missing or malformed token", 401)
+    body, sig = token.split(".")
+    expected = hmac.new(secret.encode(), body.encode("ascii"), hashlib.sha256).digest()
+    try:
+        genuine = hmac.compare_digest(_unb64(sig), expected)
+    except ValueError:  # binascii.Error: a length no base64 has, or non-canonical
+        raise TokenError("malformed token", 401) from None
+    if not genuine:
+        raise TokenError("invalid token signature", 401)
+    try:  # signed by us, so well formed unless the secret leaked; checked all the same
+        data = json.loads(_unb64(body))
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise TokenError("malformed token", 401) from None
+    if not isinstance(data, dict):
+        raise TokenError("malformed token", 401)
+    room, role, exp = data.get("room"), data.get("role"), data.get("exp")
+    # bool is an int subclass; a float (nan, inf, 1e999) is not an exp we issue
+    if not isinstance(room, str) or not isinstance(role, str) or type(exp) is not int or not 0 <= exp <= _MAX_EXP:
+        raise TokenError("malformed token", 401)
+    return Claim(room, role, float(exp))
+
+
 def verify(secret: str, token: object, room_id: str | None, role: str) -> Claim:
     """The token's claim if it is genuine, unexpired, for this room (None: for the room it
     names, which the caller reads from the claim) and this role."""
-    if not isinstance(token, str) or token.count(".") != 1:
-        raise TokenError("missing or malformed token", 401)
-    body, sig = token.split(".")
-    expected = hmac.new(secret.encode(), body.encode(), hashlib.sha256).digest()
-    try:
-        genuine = hmac.compare_digest(_unb64(sig), expected)
-        data = json.loads(_unb64(body)) if genuine else None
-    except (ValueError, json.JSONDecodeError):
-        raise TokenError("malformed token", 401) from None
-    if not genuine or not isinstance(data, dict):
-        raise TokenError("invalid token signature", 401)
-    claim = Claim(str(data.get("room")), str(data.get("role")), float(data.get("exp", 0)))
+    claim = _claim(secret, token)
     if claim.expires < time.time():
         raise TokenError("token expired", 401)
     if room_id is not None and claim.room_id != room_id:
@@ -69,8 +96,27 @@ def verify(secret: str, token: object, room_id: str | None, role: str) -> Claim:
     return claim
 
 
+def bearer(header: str | None) -> bytes | None:
+    """The credential of an `Authorization: Bearer <credential>` header as bytes, for
+    hmac.compare_digest; None when the header is absent, has another scheme (a bare token
+    included) or is not ASCII (aiohttp hands undecodable bytes over as surrogates)."""
+    if header is None:
+        return None
+    try:
+        raw = header.encode("ascii")
+    except UnicodeEncodeError:
+        return None
+    scheme, _, credential = raw.partition(b" ")
+    credential = credential.strip(b" \t")
+    if scheme.lower() != b"bearer" or not credential:
+        return None
+    return credential
+
+
 def room_links(secret: str, room_id: str, base_url: str, ttl_s: float) -> dict[str, str]:
-    """The teacher and student URLs of a room, each carrying its signed token."""
+    """The teacher and student URLs of a room, each carrying its signed token in the fragment:
+    a browser never sends the fragment to a server, so the token reaches no Referer and no
+    access log (the pages read it from location.hash)."""
     return {
-        f"{role}_url": f"{base_url}/{role}?room={room_id}&token={issue(secret, room_id, role, ttl_s)}" for role in ROLES
+        f"{role}_url": f"{base_url}/{role}#room={room_id}&token={issue(secret, room_id, role, ttl_s)}" for role in ROLES
     }

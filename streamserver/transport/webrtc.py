@@ -16,6 +16,8 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 log = logging.getLogger(__name__)
+for _noisy in ("aioice", "aiortc"):  # aioice logs every ICE check at INFO: lines per offer, per pair
+    logging.getLogger(_noisy).setLevel(logging.WARNING)
 _default_host_addresses = aioice.ice.get_host_addresses
 
 

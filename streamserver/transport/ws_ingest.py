@@ -70,10 +70,15 @@ class OpusDecoder:
         return np.concatenate(chunks) if chunks else np.zeros(0, np.int16)
 
 
+MAX_TEXT_CHARS = 256  # {"format": "pcm16"} is 19
+
+
 def _read_format(text: str) -> str:
+    if len(text) > MAX_TEXT_CHARS:
+        raise BadInput(f"a text message of {len(text)} characters is over {MAX_TEXT_CHARS}", CLOSE_UNSUPPORTED)
     try:
         message = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # JSONDecodeError, a number too long; nesting too deep
         message = None
     if not isinstance(message, dict) or message.get("format") not in FORMATS:
         raise BadInput('the only text message is a first {"format": "pcm16"|"opus"}', CLOSE_UNSUPPORTED)
@@ -130,4 +135,5 @@ async def _close(ws: web.WebSocketResponse, reason: str, code: int) -> None:
         await ws.send_json({"type": "error", "error": reason})
     except ConnectionError:  # the client is already gone: nothing to tell
         pass
-    await ws.close(code=code, message=reason.encode()[:120])
+    # a close reason is at most 123 bytes; cut at a character boundary, so that it stays UTF-8
+    await ws.close(code=code, message=reason.encode()[:120].decode(errors="ignore").encode())

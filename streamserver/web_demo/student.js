@@ -7,9 +7,13 @@ const DISCONNECT_GRACE_MS = 2000;   // 'disconnected' often heals by itself with
 const MAX_BACKOFF_S = 10;
 const AUDIO_CONSTRAINTS = { echoCancellation: true, noiseSuppression: true, autoGainControl: true };
 
-const params = new URLSearchParams(location.search);
-const room = params.get('room');
-const token = params.get('token');
+// The link carries room and token in its fragment (#room=…&token=…), which the browser never
+// sends to a server (no Referer, no access log); links of older servers had them in the query.
+const fragment = new URLSearchParams(location.hash.slice(1));
+const query = new URLSearchParams(location.search);
+const param = (key) => fragment.get(key) ?? query.get(key);
+const room = param('room');
+const token = param('token');
 
 const $ = (id) => document.getElementById(id);
 const form = $('join-form');
@@ -288,7 +292,7 @@ function setBusy(busy) {
 // --- page setup --------------------------------------------------------------------------
 
 $('room').textContent = room || '–';
-nameInput.value = params.get('name') || sessionStorage.getItem('streamserver:name') || '';
+nameInput.value = param('name') || sessionStorage.getItem('streamserver:name') || '';
 form.addEventListener('submit', join);
 leaveButton.addEventListener('click', () => session && stop(session, 'You left the class.', 'idle'));
 // Closing the tab: close the peer connection so the server sees the student leave at once.

@@ -19,9 +19,13 @@ const INTENT_TEXT = new Map([
 const QUEUE_LABELS = new Set(['question', 'help_request']);
 const UNSURE = 'unsure';
 
-const params = new URLSearchParams(location.search);
-const room = params.get('room');
-const token = params.get('token');
+// The link carries room and token in its fragment (#room=…&token=…), which the browser never
+// sends to a server (no Referer, no access log); links of older servers had them in the query.
+const fragment = new URLSearchParams(location.hash.slice(1));
+const query = new URLSearchParams(location.search);
+const param = (key) => fragment.get(key) ?? query.get(key);
+const room = param('room');
+const token = param('token');
 
 const $ = (id) => document.getElementById(id);
 const feedStatus = $('feed-status');
@@ -387,5 +391,5 @@ $('room-name').textContent = room || '–';
 if (room && token) {
   connect();
 } else {
-  setFeedStatus('offline: the link needs ?room=…&token=…', 'error');
+  setFeedStatus('offline: the link needs #room=…&token=…', 'error');
 }
