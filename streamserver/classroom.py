@@ -10,23 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Protocol
 
+from streamserver.audio.pacing import Pacer
 from streamserver.audio.pipeline import StudentAudio
 from streamserver.audio.segmenter import SegmenterConfig
 from streamserver.bus import Bus
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.config import Settings
-from streamserver.events import StudentEvent
+from streamserver.events import RoomClosedEvent, StudentEvent
 from streamserver.metrics import Metrics
 from streamserver.queue.sink import Busy, UtteranceSink
+from streamserver.rooms.admission import Admission, AddressLimits
 from streamserver.rooms.directory import RoomDirectory
 from streamserver.rooms.registry import Room, RoomRegistry
 from streamserver.rooms.seats import SeatKeeper
 from streamserver.transport import webrtc
+from streamserver.transport.candidates import CandidatePolicy
+from streamserver.transport.ws_ingest import CLOSE_REPLACED, CLOSE_ROOM_CLOSED
 
 log = logging.getLogger(__name__)
+ROOM_WATCH_S = 2.0  # how soon a room closed through another process ends here
+KEEP_EVERY_ROUNDS = 15  # a room in use renews its record every 30 s
 
 
 class Background(Protocol):
@@ -37,14 +44,16 @@ class Background(Protocol):
     async def stop(self) -> None: ...
 
 
+# Ends a transport from the server's side, telling the client why (a WebSocket close code; a
+# WebRTC peer just closes).
+End = Callable[[str, int], Awaitable[None]]
+
+
 @dataclass
 class Connection:
-    close: Callable[[], Awaitable[None]]  # ends the transport (a WebRTC peer; nothing for a WebSocket)
+    end: End
     audio: StudentAudio
-
-
-async def _nothing_to_close() -> None:
-    """A WebSocket stream's transport belongs to its handler, which notices it was replaced."""
+    address: str
 
 
 class Classroom:
@@ -53,26 +62,31 @@ class Classroom:
         self.settings, self.bus, self.sink, self.publisher = settings, bus, sink, publisher
         self.background = background
         self.rooms = RoomRegistry(settings.max_students)
-        self.directory = RoomDirectory(self.rooms, bus)
+        self.directory = RoomDirectory(self.rooms, bus, settings.room_idle_ttl_s, settings.token_ttl_s)
+        self.feeds: dict[str, int] = {}  # room -> dashboards connected here
+        self._last_used: dict[str, float] = {}  # room -> monotonic time it last had a student or a feed
         self.seats = SeatKeeper(bus, self.rooms, settings.seat_lease_s)
+        self.admission = Admission()
         self.connections: dict[tuple[str, str], Connection] = {}
         self.segmenter_config = SegmenterConfig.with_hangover(settings.vad_hangover_ms)
         webrtc.use_host_addresses(settings.ice_hosts)
+        self.candidates = CandidatePolicy.of(settings.ice_allow, settings.ice_hosts)
         self.metrics = metrics
         metrics.streams_per_room = self._streams_per_room
-        self._depth_task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
         for part in self.background:
             part.start()
         self.seats.start()
-        self._depth_task = asyncio.get_running_loop().create_task(self._watch_depth())
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._watch_depth()), loop.create_task(self._watch_rooms())]
 
     async def stop(self) -> None:
-        if self._depth_task:
-            self._depth_task.cancel()
+        for task in self._tasks:
+            task.cancel()
         for connection in list(self.connections.values()):
-            await connection.close()
+            await connection.end("the server is shutting down", 1001)
         await self.seats.stop()
         for part in self.background:
             await part.stop()
@@ -87,25 +101,73 @@ class Classroom:
                 pass
             await asyncio.sleep(1.0)
 
+    async def _watch_rooms(self) -> None:
+        """Rooms in use here keep their record alive and end here when another process closed
+        them (or their record is gone); a room nobody used for the idle time is forgotten."""
+        rounds = 0
+        while True:
+            await asyncio.sleep(ROOM_WATCH_S)
+            rounds += 1
+            now = time.monotonic()
+            for room in list(self.rooms.rooms.values()):
+                in_use = room.students or self.feeds.get(room.room_id)
+                if in_use:
+                    self._last_used[room.room_id] = now
+                elif now - self._last_used.setdefault(room.room_id, now) > self.settings.room_idle_ttl_s:
+                    self._forget(room.room_id)
+                    continue
+                try:
+                    if in_use and rounds % KEEP_EVERY_ROUNDS == 0:
+                        await self.directory.keep(room.room_id)
+                    if in_use and not await self.directory.is_open(room):
+                        await self._end_room(room, "the room was closed")
+                except Exception as error:  # noqa: BLE001 - the bus is away: next round
+                    log.warning("could not check room %s (%s)", room.room_id, error)
+
+    async def close_room(self, room: Room) -> None:
+        """Close the room for good, on every process: students and dashboards are sent away and
+        its links answer 403. Raises BusError when the bus cannot record it."""
+        await self.directory.close(room.room_id)
+        await self.publisher.publish(RoomClosedEvent(room.room_id))
+        await self._end_room(room, "the room was closed")
+
+    async def _end_room(self, room: Room, reason: str) -> None:
+        self.directory.closed.add(room.room_id)
+        for key, connection in [(k, c) for k, c in self.connections.items() if k[0] == room.room_id]:
+            del self.connections[key]
+            connection.audio.close()
+            await connection.end(reason, CLOSE_ROOM_CLOSED)
+        for student_id in list(room.students):
+            await self.seats.unseat(room, student_id)
+        self._forget(room.room_id)
+
+    def _forget(self, room_id: str) -> None:
+        self.directory.forget(room_id)
+        self.publisher.forget(room_id)
+        self.admission.forget(room_id)
+        self._last_used.pop(room_id, None)
+
     def _streams_per_room(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for room_id, _student in self.connections:
             counts[room_id] = counts.get(room_id, 0) + 1
         return counts
 
-    async def check_capacity(self) -> None:
-        """Raise Busy when recognition cannot take one more student."""
-        if reason := await self.sink.busy():
+    async def check_capacity(self, room: Room) -> None:
+        """Raise Busy when recognition cannot take one more student of the room."""
+        if reason := await self.sink.busy(room.room_id):
             self.metrics.busy_rejections.inc()
             raise Busy(reason)
 
-    async def connect_student(self, room: Room, student_id: str, name: str, offer_sdp: str) -> str:
+    async def connect_student(self, room: Room, student_id: str, name: str, offer_sdp: str, address: str,
+                              limits: AddressLimits = AddressLimits()) -> str:
         """Answer a student's offer; a reconnect replaces the old peer and keeps the identity."""
-        audio, new = await self._seat(room, student_id, name)
+        audio, new = await self._seat(room, student_id, name, address, limits)
         key = (room.room_id, student_id)
         try:
             pc, answer_sdp = await webrtc.answer(
-                offer_sdp, self.settings.ice_servers, audio.push_frame, lambda: self._ended(room, student_id, audio)
+                offer_sdp, self.settings.ice_servers, audio.push_frame, lambda: self._ended(room, student_id, audio),
+                self.candidates,
             )
         except BaseException:
             if new:  # never announced: the seat goes back at once
@@ -113,17 +175,19 @@ class Classroom:
             elif key not in self.connections:  # a reconnect whose old peer is already closed
                 asyncio.get_running_loop().create_task(self._left(room, student_id))
             raise
-        self.connections[key] = Connection(pc.close, audio)
+        self.connections[key] = Connection(lambda _reason, _code: pc.close(), audio, address)
         if new:
             await self._student_event(room, student_id, "student_joined")
         return answer_sdp
 
-    async def open_stream(self, room: Room, student_id: str, name: str) -> StudentAudio:
+    async def open_stream(self, room: Room, student_id: str, name: str, address: str, end: End,
+                          limits: AddressLimits = AddressLimits()) -> StudentAudio:
         """A student's audio over a transport the caller owns (WebSocket ingest): the same pipeline,
-        roster and events as connect_student. The caller pushes 16 kHz PCM into the returned
-        StudentAudio and calls close_stream at the end. Raises RoomFull, Busy or BusError."""
-        audio, new = await self._seat(room, student_id, name)
-        self.connections[(room.room_id, student_id)] = Connection(_nothing_to_close, audio)
+        roster and events as connect_student; `end` closes that transport. The caller pushes
+        16 kHz PCM into the returned StudentAudio and calls close_stream at the end. Raises
+        RoomFull, Busy, TooManyFromAddress or BusError."""
+        audio, new = await self._seat(room, student_id, name, address, limits)
+        self.connections[(room.room_id, student_id)] = Connection(end, audio, address)
         if new:
             await self._student_event(room, student_id, "student_joined")
         return audio
@@ -166,13 +230,17 @@ class Classroom:
         student = room.students[student_id]
         await self.publisher.publish(StudentEvent(room.room_id, student_id, student.name, kind))
 
-    async def _seat(self, room: Room, student_id: str, name: str) -> tuple[StudentAudio, bool]:
+    async def _seat(self, room: Room, student_id: str, name: str, address: str,
+                    limits: AddressLimits) -> tuple[StudentAudio, bool]:
         """Seat a student, whatever the transport: a reconnect replaces its old peer or stream and
         keeps the identity (and its seat, even in a full room). The student's new audio pipeline,
-        and whether it is new to the room. RoomFull, Busy or BusError when it cannot be seated."""
+        and whether it is new to the room. RoomFull, Busy, TooManyFromAddress or BusError when
+        it cannot be seated."""
         key = (room.room_id, student_id)
+        held = sum(1 for (r, s), c in self.connections.items() if r == room.room_id and c.address == address and s != student_id)
+        self.admission.check(room.room_id, address, limits, held)
         if key not in self.connections:  # a reconnect keeps its seat
-            await self.check_capacity()
+            await self.check_capacity(room)
         seated = student_id in room.students  # a reconnect: its seat stays whatever happens here
         await self.seats.take(room, student_id)
         try:
@@ -180,20 +248,21 @@ class Classroom:
             old = self.connections.pop(key, None)
             if old:
                 old.audio.close()
-                await old.close()
+                await old.end("replaced by a newer connection of this student", CLOSE_REPLACED)
             return self.student_audio(room, student_id, name), new
         except BaseException:
             if not seated:
                 await self.seats.unseat(room, student_id)
             raise
 
-    def student_audio(self, room: Room, student_id: str, name: str) -> StudentAudio:
-        """A student's audio pipeline (VAD with this server's settings), wired to the sink and
-        the room's speaking events; called on the event loop."""
+    def student_audio(self, room: Room, student_id: str, name: str, pacer: Pacer | None = None) -> StudentAudio:
+        """A student's audio pipeline (paced, VAD with this server's settings), wired to the sink
+        and the room's speaking events; called on the event loop."""
         loop = asyncio.get_running_loop()
         return StudentAudio(
             room.room_id, student_id, name, room.language,
             on_utterance=lambda u: self.sink.submit(u),
             on_speaking=lambda speaking: loop.create_task(self._speaking(room, student_id, speaking)),
             config=self.segmenter_config,
+            pacer=pacer or Pacer(self.settings.max_audio_rate, on_refused=self.metrics.paced_refusals.inc),
         )

@@ -108,24 +108,102 @@ def _add_vad_options(p: argparse.ArgumentParser) -> None:
                    help=f"silence that ends an utterance ({low}..{high}; default %(default)s); every latency includes it")
 
 
-def _add_queue_wait_option(p: argparse.ArgumentParser) -> None:
+def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
+    """The options `serve` and `gateway` share: the network side, rooms, limits, the audio path."""
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    if gateway:
+        p.add_argument("--redis-url", required=True, help="the Redis that gateways and workers share")
+    else:
+        p.add_argument("--redis-url", help="route events through Redis pub/sub (default: embedded in-process bus)")
+    p.add_argument("--ice-host", action="append", metavar="ADDR",
+                   help="host candidate address (repeatable; 127.0.0.1 also allows students' loopback candidates)")
+    p.add_argument("--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (repeatable; none by default)")
+    p.add_argument("--ice-allow", action="append", metavar="CIDR", type=_network,
+                   help="networks students' ICE candidates may be on (repeatable; default: any routable address, "
+                        "no loopback or link-local)")
+    p.add_argument("--max-students", type=int, default=500, help="per room, the whole room across gateways (seat leases)")
+    p.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")
+    p.add_argument("--link-ttl", type=float, default=12 * 3600, metavar="S", help="lifetime of the room links handed out (default %(default)s)")
+    p.add_argument("--room-idle-expiry", type=float, default=12 * 3600, metavar="S",
+                   help="a room nobody used this long is gone (default %(default)s)")
     p.add_argument("--max-queue-wait", type=float, default=5.0, metavar="S",
                    help="answer new students 'busy' (503) when the expected transcription wait passes this (default %(default)s)")
+    p.add_argument("--max-queued", type=int, nargs=3, default=(2000, 200, 8), metavar=("ALL", "ROOM", "STUDENT"),
+                   help="utterances that may wait for recognition in all, per room and per student; past them an "
+                        "utterance is dropped with an event and the room answers busy (default %(default)s)")
+    p.add_argument("--max-audio-rate", type=float, default=1.5, metavar="X",
+                   help="a student's stream sending faster than X times real time is closed (default %(default)s)")
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                   help="close a connection that has not sent a whole request (or sat idle) this long (default %(default)s)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="also serve /metrics without the admin token on --metrics-host:PORT (an internal address)")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    _add_vad_options(p)
+
+
+def _network(text: str) -> str:
+    import ipaddress
+
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _settings(args: argparse.Namespace, **extra: object):  # noqa: ANN202 - lazy import of Settings
+    from streamserver.config import Bounds, Settings
+
+    total, room, student = args.max_queued
+    return Settings(
+        host=args.host, port=args.port, redis_url=args.redis_url, ice_hosts=args.ice_host or [],
+        ice_servers=[{"urls": [u]} for u in args.ice_server or []], ice_allow=args.ice_allow or [],
+        max_students=args.max_students, public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms,
+        max_queue_wait_s=args.max_queue_wait, queue_bounds=Bounds(total, room, student), max_audio_rate=args.max_audio_rate,
+        token_ttl_s=int(args.link_ttl), room_idle_ttl_s=args.room_idle_expiry, **extra,
+    )
+
+
+def _secret_check(settings, command: str) -> bool:  # noqa: ANN001 - a Settings
+    """Links signed with a random per-process secret break at every restart, and gateways that
+    share rooms need one secret: with Redis the secret is required, without it a warning."""
+    if os.environ.get("STREAMSERVER_SECRET"):
+        return True
+    if settings.redis_url:
+        _progress(f"error: {command} with Redis needs STREAMSERVER_SECRET (the same on every gateway): the rooms outlive "
+                  "this process, and their links must too")
+        return False
+    _progress("warning: STREAMSERVER_SECRET is not set: room links are signed with a random secret and stop working "
+              "when this process restarts")
+    return True
+
+
+def _run_server(app, settings, args: argparse.Namespace, classroom) -> None:  # noqa: ANN001 - aiohttp and ours
+    from aiohttp import web
+
+    from streamserver.api.app import metrics_app
+
+    if args.metrics_port is not None:
+        async def metrics_site(app: web.Application):  # noqa: ANN202 - an aiohttp cleanup context
+            runner = web.AppRunner(metrics_app(classroom.metrics), access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, args.metrics_host, args.metrics_port).start()
+            yield
+            await runner.cleanup()
+
+        app.cleanup_ctx.append(metrics_site)
+    web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None,
+                keepalive_timeout=args.header_timeout)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
-    from streamserver.config import Settings
     from streamserver.rooms import tokens
     from streamserver.server import serve_app
 
-    settings = Settings(
-        host=args.host, port=args.port, redis_url=args.redis_url, model=args.model, backend=args.backend,
-        threads=args.threads, ice_hosts=args.ice_host or [], ice_servers=[{"urls": [u]} for u in args.ice_server or []],
-        max_students=args.max_students, public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms,
-        max_queue_wait_s=args.max_queue_wait,
-    )
+    settings = _settings(args, model=args.model, backend=args.backend, threads=args.threads)
+    if not _secret_check(settings, "serve"):
+        return 2
     loaded = _warm_engine_and_intent(settings.model, settings.backend, settings.threads)
     if loaded is None:
         return 2
@@ -141,28 +219,23 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"  student: {links['student_url']}", flush=True)
     bus = "redis " + settings.redis_url if settings.redis_url else "embedded bus"
     _progress(f"serving on http://{settings.host}:{settings.port} ({settings.model}, {bus})")
-    web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None)
+    _run_server(app, settings, args, classroom)
     return 0
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
-    from streamserver.config import Settings
     from streamserver.server import gateway_app
 
-    settings = Settings(
-        host=args.host, port=args.port, redis_url=args.redis_url, ice_hosts=args.ice_host or [],
-        ice_servers=[{"urls": [u]} for u in args.ice_server or []], max_students=args.max_students,
-        public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms, max_queue_wait_s=args.max_queue_wait,
-    )
+    settings = _settings(args)
+    if not _secret_check(settings, "gateway"):
+        return 2
     try:
-        app, _classroom = gateway_app(settings)
+        app, classroom = gateway_app(settings)
     except ValueError as error:
         _progress(f"error: {error}")
         return 2
     _progress(f"gateway on http://{settings.host}:{settings.port} (jobs and rooms through {settings.redis_url})")
-    web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None)
+    _run_server(app, settings, args, classroom)
     return 0
 
 
@@ -231,31 +304,15 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(handler=_intent)
 
     s = commands.add_parser("serve", help="run the classroom server (API, WebRTC, ASR worker, dashboard feed)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8080)
-    s.add_argument("--redis-url", help="route events through Redis pub/sub (default: embedded in-process bus)")
+    _add_server_options(s, gateway=False)
     s.add_argument("--model", choices=MODELS, default="tiny.en")
     s.add_argument("--backend", choices=(*ENGINES, "auto"), default="onnxruntime", help=BACKEND_HELP)
     s.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
-    s.add_argument("--ice-host", action="append", metavar="ADDR", help="host candidate address (repeatable; include 127.0.0.1 for loopback)")
-    s.add_argument("--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (repeatable; none by default)")
-    s.add_argument("--max-students", type=int, default=500, help="per room")
-    s.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")
     s.add_argument("--demo-room", metavar="NAME", help="create a room at start and print its teacher and student URLs")
-    _add_queue_wait_option(s)
-    _add_vad_options(s)
     s.set_defaults(handler=_serve)
 
     g = commands.add_parser("gateway", help="students' audio and the rooms' API, with ASR in worker processes (needs Redis)")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=8080)
-    g.add_argument("--redis-url", required=True, help="the Redis that gateways and workers share")
-    g.add_argument("--ice-host", action="append", metavar="ADDR", help="host candidate address (repeatable)")
-    g.add_argument("--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (repeatable)")
-    g.add_argument("--max-students", type=int, default=500, help="per room, the whole room across gateways (seat leases in Redis)")
-    _add_queue_wait_option(g)
-    g.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")
-    _add_vad_options(g)
+    _add_server_options(g, gateway=True)
     g.set_defaults(handler=_gateway)
 
     w = commands.add_parser("worker", help="an ASR worker: transcribes queued utterances of every room (needs Redis)")

@@ -7,6 +7,17 @@ import secrets
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """How much may wait for recognition: in all, per room and per student. One student or one
+    room that floods the queue reaches its own bound and is refused there; everyone else keeps
+    their share."""
+
+    total: int = 2000
+    per_room: int = 200
+    per_student: int = 8
+
+
 @dataclass
 class Settings:
     host: str = "127.0.0.1"
@@ -18,15 +29,19 @@ class Settings:
     # ICE: aiortc does no trickle ICE and, left alone, asks a public STUN server; both explicit.
     ice_servers: list[dict] = field(default_factory=list)  # [{"urls": [...], "username", "credential"}]
     ice_hosts: list[str] = field(default_factory=list)  # host candidate addresses; empty: all but loopback
+    ice_allow: list[str] = field(default_factory=list)  # CIDRs a student's candidates may be on (transport/candidates.py)
     admin_token: str | None = field(default_factory=lambda: os.environ.get("STREAMSERVER_ADMIN_TOKEN"))
     # Signs room tokens; gateways of one deployment share it. Random per process if unset.
     secret: str = field(default_factory=lambda: os.environ.get("STREAMSERVER_SECRET") or secrets.token_hex(32))
-    token_ttl_s: int = 12 * 3600
+    token_ttl_s: int = 12 * 3600  # lifetime of the room links handed out (--link-ttl)
+    room_idle_ttl_s: float = 12 * 3600  # a room nobody used this long is gone (--room-idle-expiry)
     max_students: int = 500  # per room, across every gateway (seats are leases on the bus)
     seat_lease_s: float = 30.0  # renewed every third of it; a dead gateway's seats free themselves within it
     leave_grace_s: float = 5.0  # a student reconnecting within it keeps the seat with no left/joined pair
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KB
     max_batch: int = 16
+    max_audio_rate: float = 1.5  # x real time a student's stream may send (audio/pacing.py); more closes it
+    queue_bounds: Bounds = field(default_factory=Bounds)  # utterances waiting: in all, per room, per student
     max_queue_wait_s: float = 5.0  # expected recognition wait past which new students hear "busy"
     history_len: int = 500
     vad_hangover_ms: int = 500  # silence that ends an utterance (audio/segmenter.py); a latency floor

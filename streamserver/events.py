@@ -55,6 +55,15 @@ class StudentEvent(Event):
 
 
 @dataclass
+class RoomClosedEvent(Event):
+    """The room was closed: its dashboards and students are sent away, its links stop working."""
+
+    room_id: str
+    ts: float = field(default_factory=now)
+    type: str = "room_closed"
+
+
+@dataclass
 class UtteranceQueued(Event):
     """An utterance is on its way to recognition: a dashboard (and the load simulator) can tell a
     transcript that is late from one that was lost."""
@@ -69,6 +78,24 @@ class UtteranceQueued(Event):
     @classmethod
     def of(cls, u: Utterance) -> UtteranceQueued:
         return cls(u.room_id, u.utterance_id, u.student_id, u.end_of_speech_ts)
+
+
+@dataclass
+class UtteranceDropped(Event):
+    """An utterance the recognition queue refused (its student, its room or the whole queue was
+    at its bound): said out loud, never lost in silence."""
+
+    room_id: str
+    utterance_id: str
+    student_id: str
+    end_of_speech_ts: float
+    reason: str
+    ts: float = field(default_factory=now)
+    type: str = "utterance_dropped"
+
+    @classmethod
+    def of(cls, u: Utterance, reason: str) -> UtteranceDropped:
+        return cls(u.room_id, u.utterance_id, u.student_id, u.end_of_speech_ts, reason)
 
 
 @dataclass

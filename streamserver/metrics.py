@@ -44,6 +44,8 @@ class Metrics:
         PlatformCollector(registry=r)
         self.queue_depth = Gauge("streamserver_queue_depth", "utterances waiting for or in recognition", registry=r)
         self.busy_rejections = Counter("streamserver_busy_rejections", "joins turned away as busy", registry=r)
+        self.paced_refusals = Counter("streamserver_paced_refusals", "streams closed for sending audio faster than real time",
+                                      registry=r)
         self.batch_size = Histogram("streamserver_batch_size", "utterances per engine batch", buckets=BATCH_BUCKETS, registry=r)
         self.eos_to_published = Histogram("streamserver_eos_to_published_seconds", "end of speech to published",
                                           buckets=LATENCY_BUCKETS, registry=r)

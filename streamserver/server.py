@@ -30,9 +30,9 @@ def serve_app(settings: Settings, engine: Engine, intent: IntentClassifier | Non
     bus = create_bus(settings.redis_url, settings.history_len)
     publisher = OrderedPublisher(bus)
     metrics = Metrics()
-    queue = MemoryQueue(publisher)
+    queue = MemoryQueue(publisher, bounds=settings.queue_bounds)
     worker = AsrWorker(engine, queue, intent, settings.max_batch, metrics)
-    sink = UtteranceSink(queue, publisher, settings.max_queue_wait_s)
+    sink = UtteranceSink(queue, publisher, metrics, settings.max_queue_wait_s)
     classroom = Classroom(settings, bus, sink, publisher, metrics, background=(worker,))
     return create_app(classroom, worker), classroom
 
@@ -43,7 +43,8 @@ def gateway_app(settings: Settings) -> tuple[web.Application, Classroom]:
         raise ValueError("a gateway needs --redis-url: its workers are found through Redis")
     bus = RedisBus(settings.redis_url, settings.history_len)
     publisher = OrderedPublisher(bus)
-    queue = RedisQueue(settings.redis_url, history_len=settings.history_len)
-    sink = UtteranceSink(queue, publisher, settings.max_queue_wait_s)
-    classroom = Classroom(settings, bus, sink, publisher, Metrics())
+    queue = RedisQueue(settings.redis_url, history_len=settings.history_len, bounds=settings.queue_bounds)
+    metrics = Metrics()
+    sink = UtteranceSink(queue, publisher, metrics, settings.max_queue_wait_s)
+    classroom = Classroom(settings, bus, sink, publisher, metrics)
     return create_app(classroom), classroom

@@ -29,6 +29,7 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         environ = dict(os.environ if env is None else env, STREAMSERVER_ADMIN_TOKEN=ADMIN_TOKEN)
+        environ.setdefault("STREAMSERVER_SECRET", "server-process-test-secret")  # required with --redis-url
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"streamserver-test-{self.port}.log"
         self._log_file = self.log.open("w")
         self.proc = subprocess.Popen(

@@ -20,9 +20,9 @@ from tests.server_process import ADMIN_TOKEN, free_port
 ENV = dict(os.environ, STREAMSERVER_ADMIN_TOKEN=ADMIN_TOKEN, STREAMSERVER_SECRET="test-gateways-secret", PYTHONUNBUFFERED="1")
 
 
-def _get(url: str) -> tuple[int, str]:
+def _get(url: str, headers: dict | None = None) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
@@ -84,7 +84,7 @@ async def say(ws, pcm: bytes) -> None:
 
     for i in range(0, len(pcm), 6400):  # 200 ms a message, a little faster than real time
         await ws.send_bytes(pcm[i : i + 6400])
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.15)
 
 
 async def transcripts(dashboard, n: int, timeout_s: float = 60) -> list[dict]:
@@ -125,7 +125,7 @@ def test_no_worker_means_busy_not_a_silent_queue(gateway):
     status, answer = _post(f"{gateway}/api/rooms/{room['room_id']}/offer",
                            {"sdp": "v=0", "type": "offer", "token": token, "student_name": "Ann"})
     assert status == 503 and answer["error"] == "busy" and "no ASR worker" in answer["detail"]
-    status, metrics = _get(gateway + "/metrics")
+    status, metrics = _get(gateway + "/metrics", {"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert status == 200 and "streamserver_busy_rejections_total 1.0" in metrics
     assert "streamserver_queue_depth" in metrics
 

@@ -127,7 +127,7 @@ def test_serve_metrics_are_the_workers(tiny_engine, librivox, redis_url):
     every other family a worker exposes), filled by its in-process worker."""
 
     async def body() -> None:
-        app, classroom = serve_app(Settings(), tiny_engine, None)
+        app, classroom = serve_app(Settings(admin_token="metrics-test"), tiny_engine, None)
         served = TestServer(app, host="127.0.0.1")
         await served.start_server()
         worker_server = TestServer(metrics_app(AsrWorker(tiny_engine, RedisQueue(redis_url, "metrics-test"), None, 4, Metrics())),
@@ -138,7 +138,8 @@ def test_serve_metrics_are_the_workers(tiny_engine, librivox, redis_url):
                 classroom.sink.submit(utterance(librivox[0][1], "r1"))
                 await until(lambda: any(e["type"] == "transcript" for e in events))
             async with aiohttp.ClientSession() as s:
-                serve_text = await (await s.get(f"http://127.0.0.1:{served.port}/metrics")).text()
+                serve_text = await (await s.get(f"http://127.0.0.1:{served.port}/metrics",
+                                                headers={"Authorization": "Bearer metrics-test"})).text()
                 worker_text = await (await s.get(f"http://127.0.0.1:{worker_server.port}/metrics")).text()
         finally:
             await served.close()

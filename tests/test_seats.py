@@ -84,11 +84,18 @@ def gateways(redis_url: str, n: int = 2, **overrides):
     return serving(*(gateway_app(settings(redis_url, **overrides)) for _ in range(n)))
 
 
+# The server issues identities: a test's student label -> the id and resume secret it was given,
+# presented again on every later join of that label (a reconnect of the same student).
+IDENTITIES: dict[str, dict[str, str]] = {}
+
+
 async def join(s: aiohttp.ClientSession, url: str, token: str, student_id: str) -> aiohttp.ClientWebSocketResponse:
     """A WebSocket student, once the gateway said "ready"."""
-    params = {"token": token, "name": student_id[:3], "student_id": student_id}
+    params = {"token": token, "name": student_id[:3], **IDENTITIES.get(student_id, {})}
     ws = await s.ws_connect(url.replace("http", "ws") + "/ws/ingest", params=params)
-    assert (await ws.receive_json(timeout=5))["type"] == "ready"
+    ready = await ws.receive_json(timeout=5)
+    assert ready["type"] == "ready"
+    IDENTITIES[student_id] = {"student_id": ready["student_id"], "resume": ready["resume"]}
     return ws
 
 
@@ -113,7 +120,8 @@ async def join_when_free(s: aiohttp.ClientSession, url: str, token: str, student
 
 
 async def offer(s: aiohttp.ClientSession, url: str, room: dict, student_id: str, sdp: str) -> tuple[int, dict]:
-    body = {"token": token_of(room["student_url"]), "type": "offer", "sdp": sdp, "student_name": "Rtc", "student_id": student_id}
+    body = {"token": token_of(room["student_url"]), "type": "offer", "sdp": sdp, "student_name": "Rtc",
+            **IDENTITIES.get(student_id, {})}
     async with s.post(f"{url}/api/rooms/{room['room_id']}/offer", json=body) as r:
         return r.status, await r.json()
 
@@ -210,7 +218,8 @@ def test_bus_failure_while_seating_is_503_and_passes(redis_url):
         config = settings(redis_url)
         bus = RedisBus(bus_redis.url)
         publisher = OrderedPublisher(bus)
-        classroom = Classroom(config, bus, UtteranceSink(RedisQueue(redis_url), publisher, 5.0), publisher, Metrics())
+        metrics = Metrics()
+        classroom = Classroom(config, bus, UtteranceSink(RedisQueue(redis_url), publisher, metrics, 5.0), publisher, metrics)
         room = classroom.rooms.create("local", "en")  # known here: finding it needs no bus
         student = {"student_url": "?token=" + tokens.issue(SECRET, room.room_id, "student", 600), "room_id": room.room_id}
         token = token_of(student["student_url"])
@@ -240,5 +249,27 @@ def test_the_room_keeps_its_creators_limit_on_every_gateway(redis_url):
             bob = await join(s, b, token, "bob-00000002")
             assert await refused(s, b, token, "cyd-00000002") == 429
             await asyncio.gather(ann.close(), bob.close())
+
+    run(body)
+
+
+def test_a_room_closed_on_one_gateway_ends_its_students_on_the_other(redis_url):
+    """DELETE on gateway A: a student seated through B is sent away within the rooms' watch
+    period, and B answers the room's links 403 from then on."""
+
+    async def body() -> None:
+        async with live_worker(redis_url), gateways(redis_url) as [(a, _), (b, _)], aiohttp.ClientSession() as s:
+            room = await create_room(s, a, ADMIN_TOKEN, "closed on A")
+            token = token_of(room["student_url"])
+            ann = await join(s, b, token, "ann-00000009")
+            headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            async with s.delete(f"{a}/api/rooms/{room['room_id']}", headers=headers) as r:
+                assert r.status == 200
+            started = time.monotonic()
+            message = await ann.receive_json(timeout=5)
+            assert "closed" in message["error"] and time.monotonic() - started < 4
+            await ann.receive(timeout=5)
+            assert ann.close_code == 4003
+            assert await refused(s, b, token, "bob-00000009") == 403
 
     run(body)

@@ -138,7 +138,7 @@ def test_reconnect_keeps_the_student_and_history_replays(small_server, tmp_path,
             pc = await join_student(s, url, room, "Bo", wav)
             await asyncio.sleep(1.0)
             await pc.close()  # network drop
-            again = await join_student(s, url, room, "Bo", wav, student_id=pc.student_id)
+            again = await join_student(s, url, room, "Bo", wav, identity=pc.identity)
             assert again.student_id == pc.student_id
             for _ in range(60):
                 if first.transcripts():

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from streamserver import cli
 from streamserver.api.app import CLASSROOM
+from streamserver.audio.pacing import Pacer
 
 
 class Collector:
@@ -28,6 +29,7 @@ def _app(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> web.Application:
     """The app the command would serve, without serving it."""
     served: list[web.Application] = []
     monkeypatch.setattr(web, "run_app", lambda app, **_: served.append(app))
+    monkeypatch.setenv("STREAMSERVER_SECRET", "hangover-test-secret")  # a gateway refuses to start without one
     assert cli.main(argv) == 0
     return served[0]
 
@@ -41,7 +43,7 @@ def _silence_until_emitted(app: web.Application, speech: np.ndarray) -> int:
 
     async def run() -> int:
         room = classroom.rooms.create("hangover", "en")
-        audio = classroom.student_audio(room, "s1", "Ann")
+        audio = classroom.student_audio(room, "s1", "Ann", pacer=Pacer(rate=1e9))  # fed faster than real time
         assert audio._segmenter.config is classroom.segmenter_config
         for i in range(0, speech.size, 320):
             audio.push_pcm16(speech[i : i + 320])

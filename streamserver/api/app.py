@@ -17,14 +17,19 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from aiohttp import WSMsgType, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from streamserver.asr.worker import AsrWorker
 from streamserver.bus.redis import BusError
 from streamserver.classroom import Classroom
-from streamserver.metrics import CONTENT_TYPE
+from streamserver.metrics import CONTENT_TYPE, Metrics
 from streamserver.queue.base import UNREACHABLE
 from streamserver.queue.sink import Busy
 from streamserver.rooms import tokens
+from streamserver.rooms.admission import AddressLimits, TooManyFromAddress
+from streamserver.rooms.directory import RoomClosed
+from streamserver.rooms.identity import identify
+from streamserver.transport.ws_ingest import CLOSE_ROOM_CLOSED
 from streamserver.rooms.registry import LANGUAGES, Room, RoomFull
 from streamserver.transport import ws_ingest
 from streamserver.transport.webrtc import OfferError
@@ -52,14 +57,43 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-async def _room(request: web.Request) -> Room:
+async def _find_room(classroom: Classroom, room_id: str) -> Room:
+    """The room, or the HTTP answer: 404 unknown (or expired), 403 closed, 503 bus unreachable."""
     try:
-        room = await request.app[CLASSROOM].directory.find(request.match_info["room_id"])
+        room = await classroom.directory.find(room_id)
+    except RoomClosed as error:
+        raise web.HTTPForbidden(text=json.dumps({"error": str(error)}), content_type="application/json") from None
     except BusError as error:
         raise web.HTTPServiceUnavailable(text=json.dumps({"error": str(error)}), content_type="application/json") from error
     if room is None:
         raise web.HTTPNotFound(text=json.dumps({"error": "no such room"}), content_type="application/json")
     return room
+
+
+async def _room(request: web.Request) -> Room:
+    return await _find_room(request.app[CLASSROOM], request.match_info["room_id"])
+
+
+def _is_admin(request: web.Request) -> bool:
+    admin = request.app[CLASSROOM].settings.admin_token
+    given = tokens.bearer(request.headers.get("Authorization"))  # bytes: compare_digest takes no non-ASCII str
+    return bool(admin) and given is not None and hmac.compare_digest(given, admin.encode("utf-8", "surrogatepass"))
+
+
+async def close_room(request: web.Request) -> web.Response:
+    """DELETE /api/rooms/<id>, by an admin or the room's teacher (Authorization: Bearer): every
+    session of the room ends and its links stop working, on every gateway."""
+    room = await _room(request)
+    if not _is_admin(request):
+        given = tokens.bearer(request.headers.get("Authorization"))
+        teacher = given.decode("ascii", "replace") if given is not None else None
+        if (denied := _check_token(request, room, teacher, "teacher")) is not None:
+            return denied
+    try:
+        await request.app[CLASSROOM].close_room(room)
+    except BusError as error:
+        return _error(503, f"room not closed: {error}")
+    return web.json_response({"room_id": room.room_id, "closed": True})
 
 
 def _check_token(request: web.Request, room: Room, token: str | None, role: str) -> web.Response | None:
@@ -75,8 +109,7 @@ async def create_room(request: web.Request) -> web.Response:
     settings = classroom.settings
     if not settings.admin_token:
         return _error(403, "room creation is disabled: set STREAMSERVER_ADMIN_TOKEN")
-    given = tokens.bearer(request.headers.get("Authorization"))  # bytes: compare_digest takes no non-ASCII str
-    if given is None or not hmac.compare_digest(given, settings.admin_token.encode("utf-8", "surrogatepass")):
+    if not _is_admin(request):
         return _error(401, "admin token required (Authorization: Bearer <token>)")
     body = await _json_body(request)
     name, language = body.get("name"), body.get("language", "en")
@@ -86,6 +119,12 @@ async def create_room(request: web.Request) -> web.Response:
         return _error(400, f"language must be one of {', '.join(LANGUAGES)}")
     if language != "en" and (worker := request.app.get(WORKER)) is not None and not worker.engine.multilingual:
         return _error(400, f"this server runs the English-only model {worker.engine.model}; start it with --model base")
+    limits = {}
+    for field in ("seats_per_address", "joins_per_minute"):
+        value = body.get(field)
+        if value is not None and (type(value) is not int or not 1 <= value <= 10_000):
+            return _error(400, f"{field} must be a whole number from 1 to 10000 (or absent: no limit)")
+        limits[field] = value
     try:
         room = await classroom.directory.create(name.strip(), language)
     except BusError as error:
@@ -96,7 +135,7 @@ async def create_room(request: web.Request) -> web.Response:
             "room_id": room.room_id,
             "name": room.name,
             "language": room.language,
-            **tokens.room_links(settings.secret, room.room_id, base, settings.token_ttl_s),
+            **tokens.room_links(settings.secret, room.room_id, base, settings.token_ttl_s, AddressLimits(**limits)),
         },
         status=201,
     )
@@ -108,30 +147,32 @@ async def create_room(request: web.Request) -> web.Response:
 _NAME_STRIPPED = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
-def _student_identity(student_id: object, name: object, name_field: str) -> tuple[str, str]:
-    """The student's id (the client's own, for a reconnect, else a new one) and display name."""
+def _student_name(name: object, name_field: str) -> str:
+    """The student's display name, cleaned."""
     if isinstance(name, str):
         name = _NAME_STRIPPED.sub("", name).strip()
     if not isinstance(name, str) or not name or len(name) > 80:
         message = f"{name_field} must be a non-empty string of at most 80 characters (control and bidi characters do not count)"
         raise web.HTTPBadRequest(text=json.dumps({"error": message}), content_type="application/json")
-    if not isinstance(student_id, str) or not 8 <= len(student_id) <= 64:
-        student_id = secrets.token_hex(8)
-    return student_id, name.strip()
+    return name.strip()
 
 
 async def offer(request: web.Request) -> web.Response:
     room = await _room(request)
     body = await _json_body(request)
-    if (denied := _check_token(request, room, body.get("token"), "student")) is not None:
-        return denied
+    try:
+        claim = tokens.verify(request.app[CLASSROOM].settings.secret, body.get("token"), room.room_id, "student")
+    except tokens.TokenError as error:
+        return _error(error.status, str(error))
     sdp, name = body.get("sdp"), body.get("student_name", "")
     if not isinstance(sdp, str) or body.get("type", "offer") != "offer":
         return _error(400, "expected {'sdp': <offer>, 'type': 'offer'}")
-    student_id, name = _student_identity(body.get("student_id"), name, "student_name")
+    name = _student_name(name, "student_name")
+    student = identify(request.app[CLASSROOM].settings.secret, room.room_id, body.get("student_id"), body.get("resume"))
     try:
-        answer = await request.app[CLASSROOM].connect_student(room, student_id, name, sdp)
-    except RoomFull as error:
+        answer = await request.app[CLASSROOM].connect_student(room, student.student_id, name, sdp, request.remote or "",
+                                                              claim.limits)
+    except (RoomFull, TooManyFromAddress) as error:
         return _error(429, str(error))
     except Busy as error:
         return busy_response(str(error))
@@ -139,7 +180,7 @@ async def offer(request: web.Request) -> web.Response:
         return _error(503, str(error))
     except OfferError as error:
         return _error(400, str(error))
-    return web.json_response({"sdp": answer, "type": "answer", "student_id": student_id})
+    return web.json_response({"sdp": answer, "type": "answer", "student_id": student.student_id, "resume": student.resume})
 
 
 async def ingest(request: web.Request) -> web.StreamResponse:
@@ -151,24 +192,24 @@ async def ingest(request: web.Request) -> web.StreamResponse:
         claim = tokens.verify(classroom.settings.secret, request.query.get("token"), request.query.get("room"), "student")
     except tokens.TokenError as error:
         return _error(error.status, str(error))
+    room = await _find_room(classroom, claim.room_id)
+    name = _student_name(request.query.get("name"), "name")
+    ws = ws_ingest.new_socket()
+    if not ws.can_prepare(request).ok:  # checked before a seat is taken or anyone is told
+        return _error(400, "this route takes a WebSocket upgrade")
+    student = identify(classroom.settings.secret, room.room_id, request.query.get("student_id"), request.query.get("resume"))
+    student_id = student.student_id
     try:
-        room = await classroom.directory.find(claim.room_id)
-    except BusError as error:
-        return _error(503, str(error))
-    if room is None:
-        return _error(404, "no such room")
-    student_id, name = _student_identity(request.query.get("student_id"), request.query.get("name"), "name")
-    try:
-        audio = await classroom.open_stream(room, student_id, name)
-    except RoomFull as error:
+        audio = await classroom.open_stream(room, student_id, name, request.remote or "", ws_ingest.ender(ws), claim.limits)
+    except (RoomFull, TooManyFromAddress) as error:
         return _error(429, str(error))
     except Busy as error:
         return busy_response(str(error))
     except BusError as error:
         return _error(503, str(error))
     try:
-        return await ws_ingest.serve(request, room.room_id, student_id, audio.push_pcm16,
-                                     lambda: classroom.is_current(room, student_id, audio))
+        identity = {"room_id": room.room_id, "student_id": student_id, "resume": student.resume}
+        return await ws_ingest.serve(request, ws, identity, audio.push_pcm16, lambda: classroom.is_current(room, student_id, audio))
     finally:
         classroom.close_stream(room, student_id, audio)  # flushes the last utterance
 
@@ -181,6 +222,7 @@ async def feed(request: web.Request) -> web.StreamResponse:
     classroom = request.app[CLASSROOM]
     ws = web.WebSocketResponse(heartbeat=20)
     await ws.prepare(request)
+    classroom.feeds[room.room_id] = classroom.feeds.get(room.room_id, 0) + 1
     # Subscribe before reading the history, so that nothing published in between is lost; what
     # arrives in both is sent once.
     live: asyncio.Queue[str | None] = asyncio.Queue()
@@ -194,7 +236,11 @@ async def feed(request: web.Request) -> web.StreamResponse:
             await asyncio.sleep(0.01)
         history = await classroom.bus.history(room.room_id)
         seen = set(history)
-        await ws.send_str(json.dumps({"type": "history", "events": [json.loads(e) for e in history]}, ensure_ascii=False))
+        events = [json.loads(e) for e in history]
+        await ws.send_str(json.dumps({"type": "history", "events": events}, ensure_ascii=False))
+        if any(e.get("type") == "room_closed" for e in events):  # closed while this feed was opening
+            await ws.close(code=CLOSE_ROOM_CLOSED, message=b"the room was closed")
+            return ws
         roster = {"type": "roster", "room_name": room.name, "students": room.roster()}
         await ws.send_str(json.dumps(roster, ensure_ascii=False))
         tasks.append(asyncio.create_task(_send(ws, live, seen)))
@@ -205,6 +251,7 @@ async def feed(request: web.Request) -> web.StreamResponse:
         log.warning("feed of room %s ended: %s", room.room_id, error)
         await ws.close()
     finally:
+        classroom.feeds[room.room_id] -= 1
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -224,6 +271,9 @@ async def _send(ws: web.WebSocketResponse, live: asyncio.Queue[str | None], seen
     while (event := await live.get()) is not None:
         if event not in seen:
             await ws.send_str(event)
+            if '"room_closed"' in event and json.loads(event).get("type") == "room_closed":
+                await ws.close(code=CLOSE_ROOM_CLOSED, message=b"the room was closed")
+                return
     await ws.close()  # the bus dropped us: closing lets the dashboard reconnect and replay
 
 
@@ -263,7 +313,26 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[CLASSROOM].metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+    """Behind the admin token: the metrics name every room. `--metrics-port` serves them without
+    it on an internal address."""
+    if not _is_admin(request):
+        return _error(401, "metrics need the admin token (Authorization: Bearer <token>), or use --metrics-port")
+    return metrics_response(request.app[CLASSROOM].metrics)
+
+
+def metrics_response(metrics: Metrics) -> web.Response:
+    return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def metrics_app(metrics: Metrics) -> web.Application:
+    """/metrics alone, without the token: for `--metrics-port` on an internal address."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return metrics_response(metrics)
+
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    return app
 
 
 def _page(name: str):
@@ -313,12 +382,27 @@ async def security_headers(request: web.Request, handler):
     return response
 
 
+class QuietParserErrors(logging.Filter):
+    """aiohttp logs every request its parser refuses (it has answered 400 by then) at ERROR, with
+    a traceback quoting the offending header, which may hold a token: one INFO line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], HttpProcessingError):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args, record.exc_info, record.exc_text = "refused a malformed HTTP request (400)", (), None, None
+        return True
+
+
 def create_app(classroom: Classroom, worker: AsrWorker | None = None) -> web.Application:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, QuietParserErrors) for f in server_log.filters):
+        server_log.addFilter(QuietParserErrors())
     app = web.Application(client_max_size=classroom.settings.max_body_bytes, middlewares=[security_headers, json_errors])
     app[CLASSROOM] = classroom
     if worker is not None:
         app[WORKER] = worker
     app.router.add_post("/api/rooms", create_room)
+    app.router.add_delete("/api/rooms/{room_id}", close_room)
     app.router.add_post("/api/rooms/{room_id}/offer", offer)
     app.router.add_get("/api/rooms/{room_id}/feed", feed)
     app.router.add_get("/ws/ingest", ingest)

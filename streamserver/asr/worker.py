@@ -3,8 +3,12 @@
 its job acknowledged in one step (queue.complete).
 
 Batching policy: whatever is queued when the engine becomes free goes in the next batch (up to
-max_batch). Nothing waits for a batch to fill: under light load an utterance is recognised
-alone at once; under load, batches grow by themselves while the engine is busy. The queue
+max_batch, and no more than the engine gets through in `batch_budget_s` at its measured rate).
+Nothing waits for a batch to fill: under light load an utterance is recognised alone at once;
+under load, batches grow by themselves while the engine is busy. The time budget bounds how
+long a batch holds the engine: an utterance of another room that arrives behind a backlog waits
+for the running batch and its own, each about a budget long (on a CPU, where the encoder runs
+one utterance at a time, batches of 16 took seconds). The queue
 unreachable pauses the loop, which retries with backoff; a finished result whose publication
 failed is retried, never dropped.
 """
@@ -27,6 +31,7 @@ from streamserver.queue.fair import fair_batch
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 0.25  # also how often dead workers' jobs are looked for
+BATCH_BUDGET_S = 1.0
 
 
 def worker_name() -> str:
@@ -39,6 +44,7 @@ class AsrWorker:
         metrics: Metrics | None = None,
     ) -> None:
         self.engine, self.queue, self.max_batch = engine, queue, max_batch
+        self.batch_budget_s = BATCH_BUDGET_S
         self.metrics = metrics or Metrics()
         self.recogniser = BatchRecogniser(engine, intent, self.metrics)
         self.buffer: list[Entry] = []
@@ -105,7 +111,7 @@ class AsrWorker:
                 # No read-ahead: jobs this worker holds but has not started are the ones that
                 # wait for a claim if it dies, so it takes only what its next batch will use.
                 try:
-                    self.buffer += await self.queue.read(self.max_batch, 200)
+                    self.buffer += await self.queue.read(self.batch_size(), 200)
                 except UNREACHABLE as error:
                     self.ready = False
                     log.warning("queue unavailable (%s)", error)
@@ -113,13 +119,19 @@ class AsrWorker:
                     continue
             if not self.buffer:
                 continue
-            batch = fair_batch(self.buffer, self.max_batch, lambda e: e[1].room_id)
+            batch = fair_batch(self.buffer, self.batch_size(), lambda e: e[1].room_id)
             self._in_progress = {eid for eid, _ in batch}  # not to be claimed back from ourselves
             try:
                 await self._transcribe(batch)
             finally:
                 # A job left pending (its recognition failed) may be claimed again, by us too.
                 self._in_progress = set()
+
+    def batch_size(self) -> int:
+        """max_batch, or fewer when the engine would take longer than the budget over them."""
+        if self._rate <= 0:
+            return self.max_batch
+        return max(1, min(self.max_batch, int(self._rate * self.batch_budget_s)))
 
     async def _transcribe(self, batch: list[Entry]) -> None:
         started = time.perf_counter()

@@ -8,6 +8,7 @@ from typing import Callable
 import av
 import numpy as np
 
+from streamserver.audio.pacing import Pacer
 from streamserver.audio.resample import To16kMono
 from streamserver.audio.segmenter import SegmentedSpeech, SegmenterConfig, UtteranceSegmenter
 from streamserver.events import Utterance
@@ -23,6 +24,7 @@ class StudentAudio:
         on_utterance: Callable[[Utterance], None],
         on_speaking: Callable[[bool], None] | None = None,
         config: SegmenterConfig | None = None,
+        pacer: Pacer | None = None,
     ) -> None:
         self.room_id, self.student_id, self.student_name, self.language = room_id, student_id, student_name, language
         self._on_utterance = on_utterance
@@ -30,11 +32,14 @@ class StudentAudio:
         self._resample = To16kMono()
         self._segmenter = UtteranceSegmenter(config or SegmenterConfig(), self._emit)
         self._speaking = False
+        self._pacer = pacer or Pacer()
 
     def push_frame(self, frame: av.AudioFrame) -> None:
         self.push_pcm16(self._resample.push(frame))
 
     def push_pcm16(self, pcm: np.ndarray) -> None:
+        """Raises TooFast (nothing of it kept) when the stream outruns real time."""
+        self._pacer.take(pcm.size)
         self._segmenter.feed(pcm)
         if self._on_speaking and self._segmenter.speaking != self._speaking:
             self._speaking = self._segmenter.speaking

@@ -26,8 +26,12 @@ class Bus(Protocol):
     async def subscriber_count(self, room_id: str) -> int:
         """How many subscriptions of the room are live (a new one counts once it can receive)."""
 
-    async def save_room(self, room_id: str, meta: dict[str, str]) -> None:
-        """Remember a room's name and language where every process of the deployment can read them."""
+    async def save_room(self, room_id: str, meta: dict[str, str], ttl_s: float) -> None:
+        """Remember a room's record (name, language, limit; or that it is closed) where every
+        process of the deployment can read it, replacing what was there, for ttl_s."""
+
+    async def touch_room(self, room_id: str, ttl_s: float) -> None:
+        """Keep the room's record for ttl_s from now (the room is in use)."""
 
     async def load_room(self, room_id: str) -> dict[str, str] | None:
         """What save_room stored, or None."""

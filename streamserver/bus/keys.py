@@ -14,6 +14,8 @@ Recognition jobs
   asr:workers             hash worker -> JSON stats (throughput, last beat) for backpressure
   asr:done:<utterance>    set by the publication itself: at most one result per utterance
   asr:attempts:<entry>    failed recognitions of a job
+  asr:backlog             hash of jobs not yet published: r:<room> and s:<room>:<student> -> count
+                          (the queue's per-room and per-student bounds)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ HISTORY_FIELD = "event"
 JOBS = "asr:jobs"
 JOB_GROUP = "asr"
 WORKERS = "asr:workers"
+BACKLOG = "asr:backlog"
 
 
 def room_channel(room_id: str) -> str:
@@ -50,3 +53,7 @@ def done_key(utterance_id: str) -> str:
 
 def attempts_key(entry_id: str) -> str:
     return f"asr:attempts:{entry_id}"
+
+
+def backlog_fields(room_id: str, student_id: str) -> tuple[str, str]:
+    return f"r:{room_id}", f"s:{room_id}:{student_id}"

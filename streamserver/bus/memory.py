@@ -12,7 +12,7 @@ log = logging.getLogger(__name__)
 
 class MemoryBus:
     def __init__(self, history_len: int = 500, max_lag: int = 1000) -> None:
-        self._rooms: dict[str, dict[str, str]] = {}
+        self._rooms: dict[str, tuple[dict[str, str], float]] = {}  # room -> (record, monotonic expiry)
         self._history_len = history_len
         self._max_lag = max_lag
         self._history: dict[str, deque[str]] = {}
@@ -59,11 +59,19 @@ class MemoryBus:
         finally:
             self._unregister(room_id, queue)
 
-    async def save_room(self, room_id: str, meta: dict[str, str]) -> None:
-        self._rooms[room_id] = dict(meta)
+    async def save_room(self, room_id: str, meta: dict[str, str], ttl_s: float) -> None:
+        self._rooms[room_id] = (dict(meta), time.monotonic() + ttl_s)
+
+    async def touch_room(self, room_id: str, ttl_s: float) -> None:
+        if (record := self._rooms.get(room_id)) is not None:
+            self._rooms[room_id] = (record[0], time.monotonic() + ttl_s)
 
     async def load_room(self, room_id: str) -> dict[str, str] | None:
-        return self._rooms.get(room_id)
+        record = self._rooms.get(room_id)
+        if record is None or record[1] <= time.monotonic():
+            self._rooms.pop(room_id, None)
+            return None
+        return record[0]
 
     def _live_seats(self, room_id: str) -> dict[str, dict[str, float]]:
         """The room's seats, student -> {holder: lease end}, expired leases dropped (monotonic

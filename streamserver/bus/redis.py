@@ -241,11 +241,21 @@ class RedisBus:
             raise BusError(f"subscriber count of room {room_id!r} failed: {e}") from e
         return int(count)
 
-    async def save_room(self, room_id: str, meta: dict[str, str]) -> None:
+    async def save_room(self, room_id: str, meta: dict[str, str], ttl_s: float) -> None:
         try:
-            await self._redis.hset(meta_key(room_id), mapping=meta)
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.delete(meta_key(room_id))
+                pipe.hset(meta_key(room_id), mapping=meta)
+                pipe.pexpire(meta_key(room_id), _ms(ttl_s))
+                await pipe.execute()
         except _FAILURES as e:
             raise BusError(f"saving room {room_id!r} failed: {e}") from e
+
+    async def touch_room(self, room_id: str, ttl_s: float) -> None:
+        try:
+            await self._redis.pexpire(meta_key(room_id), _ms(ttl_s))
+        except _FAILURES as e:
+            raise BusError(f"keeping room {room_id!r} failed: {e}") from e
 
     async def load_room(self, room_id: str) -> dict[str, str] | None:
         try:

@@ -70,18 +70,18 @@ def token_of(link: str) -> str:
 
 
 async def join_student(
-    session: aiohttp.ClientSession, url: str, room: dict, name: str, wav: Path, student_id: str | None = None
+    session: aiohttp.ClientSession, url: str, room: dict, name: str, wav: Path, identity: dict[str, str] | None = None
 ) -> RTCPeerConnection:
-    """An aiortc student that plays `wav` as its microphone, once. The server's id for it is
-    left on the peer as `pc.student_id`; pass it back to reconnect as the same student."""
+    """An aiortc student that plays `wav` as its microphone, once. The identity the server
+    issued is left on the peer as `pc.identity` (student_id and resume secret, also
+    `pc.student_id`); pass it back to reconnect as the same student."""
     use_host_addresses(["127.0.0.1"])
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     player = MediaPlayer(str(wav), loop=False)
     pc.addTrack(player.audio)
     await pc.setLocalDescription(await pc.createOffer())  # aiortc gathers all candidates here
     body = {"token": token_of(room["student_url"]), "sdp": pc.localDescription.sdp, "type": "offer", "student_name": name}
-    if student_id:
-        body["student_id"] = student_id
+    body.update(identity or {})
     async with session.post(f"{url}/api/rooms/{room['room_id']}/offer", json=body) as r:
         if r.status != 200:
             await pc.close()
@@ -89,6 +89,7 @@ async def join_student(
         answer = await r.json()
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
     pc.student_id = answer["student_id"]  # type: ignore[attr-defined]
+    pc.identity = {"student_id": answer["student_id"], "resume": answer["resume"]}  # type: ignore[attr-defined]
     return pc
 
 

@@ -142,14 +142,17 @@ class Run:
 
     async def _queue_depth(self, session: aiohttp.ClientSession) -> float:
         """The deepest queue any server reports (gateways sharing one job queue all report it)."""
-        depths = [d for d in await asyncio.gather(*(self._metric(session, url) for url in self.config.urls)) if d is not None]
+        metric = lambda url: self._metric(session, url, self.config.admin_token)  # noqa: E731
+        depths = [d for d in await asyncio.gather(*(metric(url) for url in self.config.urls)) if d is not None]
         self.metrics_seen |= bool(depths)
         return max(depths, default=0.0)
 
     @staticmethod
-    async def _metric(session: aiohttp.ClientSession, url: str) -> float | None:
+    async def _metric(session: aiohttp.ClientSession, url: str, admin_token: str) -> float | None:
+        """The server's queue depth; /metrics takes the admin token."""
         try:
-            async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=1)) as r:
+            async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=1),
+                                   headers={"Authorization": f"Bearer {admin_token}"}) as r:
                 return parse_queue_depth(await r.text()) if r.status == 200 else None
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
             return None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import secrets
 import tempfile
 import time
 from dataclasses import dataclass
@@ -72,7 +71,7 @@ class StudentPool:
 
     async def _ws_student(self, session: aiohttp.ClientSession, index: int, room: dict, joins: asyncio.Semaphore,
                           rng: random.Random) -> None:
-        student = WsStudent(session, room["url"], room, f"student {index + 1}", f"sim{index:05d}{secrets.token_hex(4)}")
+        student = WsStudent(session, room["url"], room, f"student {index + 1}", "")
         async with joins:
             await student.connect()
         self.tally.connected += 1

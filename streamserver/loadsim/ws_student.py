@@ -35,14 +35,17 @@ class WsStudent:
     url: str
     room: dict
     name: str
-    student_id: str
+    student_id: str  # the server's, once connected (it issues every id); "" before
+    resume: str = ""  # the secret that proves student_id on a reconnect
     closed_by_server: str | None = field(default=None, init=False)  # why, when the server ended it
     _ws: aiohttp.ClientWebSocketResponse | None = field(default=None, init=False, repr=False)
     _reader: asyncio.Task | None = field(default=None, init=False, repr=False)
 
     async def connect(self, timeout_s: float = 15.0) -> None:
         """Open the stream and wait for "ready"; JoinRefused for an HTTP refusal or an early error."""
-        params = {"token": token_of(self.room["student_url"]), "student_id": self.student_id, "name": self.name}
+        params = {"token": token_of(self.room["student_url"]), "name": self.name}
+        if self.resume:  # a reconnect: the same student
+            params.update(student_id=self.student_id, resume=self.resume)
         try:
             self._ws = await self.session.ws_connect(
                 self.url.replace("http", "ws", 1) + "/ws/ingest", params=params, timeout=aiohttp.ClientWSTimeout(ws_close=5)
@@ -53,6 +56,8 @@ class WsStudent:
         if ready.type != aiohttp.WSMsgType.TEXT or json.loads(ready.data).get("type") != "ready":
             await self._ws.close()
             raise JoinRefused(0, f"no ready message: {ready.type.name} {str(ready.data)[:200]}")
+        identity = json.loads(ready.data)
+        self.student_id, self.resume = identity["student_id"], identity.get("resume", "")
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:

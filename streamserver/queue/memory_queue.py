@@ -10,22 +10,26 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 from streamserver.queue.fair import fair_batch
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import TranscriptEvent, Utterance
-from streamserver.queue.base import Entry
+from streamserver.queue.base import Bounds, Entry, QueueFull
 
 ALIVE_TTL_S = 1.0  # as the Redis queue's: a worker silent this long has no capacity
 DONE_REMEMBERED = 100_000  # utterance ids kept against a second publication
 
 
 class MemoryQueue:
-    def __init__(self, publisher: OrderedPublisher, *, visibility_s: float = 30.0) -> None:
+    fair = True
+    def __init__(self, publisher: OrderedPublisher, *, visibility_s: float = 30.0, bounds: Bounds = Bounds()) -> None:
         self.publisher = publisher
         self.visibility_s = visibility_s
+        self.bounds = bounds
+        self._per_room: Counter[str] = Counter()  # utterances not yet completed
+        self._per_student: Counter[tuple[str, str]] = Counter()
         self._ids = itertools.count(1)
         self._waiting: list[Entry] = []
         self._pending: dict[str, tuple[Utterance, float]] = {}  # delivered, not completed: id -> (u, when)
@@ -35,6 +39,15 @@ class MemoryQueue:
         self._beat = (-1e9, 0.0)  # (monotonic time, utt/s) of the worker's last heartbeat
 
     async def submit(self, u: Utterance) -> str:
+        b, student = self.bounds, (u.room_id, u.student_id)
+        if self._per_student[student] >= b.per_student:
+            raise QueueFull("student", b.per_student)
+        if self._per_room[u.room_id] >= b.per_room:
+            raise QueueFull("room", b.per_room)
+        if len(self._waiting) + len(self._pending) >= b.total:
+            raise QueueFull("total", b.total)
+        self._per_room[u.room_id] += 1
+        self._per_student[student] += 1
         entry_id = str(next(self._ids))
         self._waiting.append((entry_id, u))
         self._arrived.set()
@@ -42,6 +55,9 @@ class MemoryQueue:
 
     async def depth(self) -> int:
         return len(self._waiting) + len(self._pending)
+
+    async def backlog(self) -> dict[str, int]:
+        return dict(self._per_room)
 
     async def capacity(self) -> tuple[int, float]:
         when, rate = self._beat
@@ -83,7 +99,9 @@ class MemoryQueue:
             self._done[u.utterance_id] = None
             if len(self._done) > DONE_REMEMBERED:
                 self._done.popitem(last=False)
-        self._pending.pop(entry_id, None)
+        if self._pending.pop(entry_id, None) is not None:
+            _decrement(self._per_room, u.room_id)
+            _decrement(self._per_student, (u.room_id, u.student_id))
         self._attempts.pop(entry_id, None)
         return fresh
 
@@ -93,3 +111,9 @@ class MemoryQueue:
 
     async def close(self) -> None:
         return None
+
+
+def _decrement(counts: Counter, key: object) -> None:
+    counts[key] -= 1
+    if counts[key] <= 0:
+        del counts[key]

@@ -19,9 +19,11 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ResponseError
 
-from streamserver.bus.keys import HISTORY_FIELD, JOB_GROUP, JOBS, WORKERS, alive_key, attempts_key, done_key, history_key, room_channel
+from streamserver.bus.keys import (
+    BACKLOG, HISTORY_FIELD, JOB_GROUP, JOBS, WORKERS, alive_key, attempts_key, backlog_fields, done_key, history_key, room_channel,
+)
 from streamserver.events import TranscriptEvent, Utterance
-from streamserver.queue.base import Entry
+from streamserver.queue.base import Bounds, Entry, QueueFull
 from streamserver.queue.jobs import JobError, decode_job, encode_job
 
 log = logging.getLogger(__name__)
@@ -34,8 +36,22 @@ DONE_TTL_S = 24 * 3600
 CLAIM_MIN_IDLE_MS = 500  # two workers claiming at once: the second finds the jobs just claimed
 FORGET_IDLE_MS = 10 * 60 * 1000  # a consumer with nothing pending, silent this long, is removed
 
-# Publish once per utterance, append to the room's history, acknowledge and delete the job:
-# atomically, so that no crash can publish twice or acknowledge without publishing.
+# Queue a job unless its student, its room or the whole queue is at its bound (the backlog
+# counts are kept with the stream, atomically). KEYS: stream, backlog; ARGV: room field, student
+# field, total, per room, per student, then the job's field/value pairs. The entry id, or the
+# name of the bound reached.
+_SUBMIT = """
+if tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0') >= tonumber(ARGV[5]) then return 'student' end
+if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') >= tonumber(ARGV[4]) then return 'room' end
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 'total' end
+redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
+return {redis.call('XADD', KEYS[1], '*', unpack(ARGV, 6))}
+"""
+
+# Publish once per utterance, append to the room's history, acknowledge and delete the job, and
+# count it out of the backlog (once: only the delivery that deletes it): atomically, so that no
+# crash can publish twice or acknowledge without publishing.
 _COMPLETE = """
 local fresh = redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[6])
 if fresh then
@@ -43,14 +59,23 @@ if fresh then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', ARGV[7], ARGV[2])
 end
 redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
-redis.call('XDEL', KEYS[3], ARGV[5])
+if redis.call('XDEL', KEYS[3], ARGV[5]) == 1 then
+  for i = 8, 9 do
+    if redis.call('HINCRBY', KEYS[4], ARGV[i], -1) <= 0 then redis.call('HDEL', KEYS[4], ARGV[i]) end
+  end
+end
 if fresh then return 1 else return 0 end
 """
 
 
 class RedisQueue:
-    def __init__(self, url: str, worker: str | None = None, *, visibility_s: float = 30.0, history_len: int = 500) -> None:
+    # Workers read the stream in arrival order: per-room fair share holds within what a worker
+    # has read (its next batch), not across the whole backlog.
+    fair = False
+    def __init__(self, url: str, worker: str | None = None, *, visibility_s: float = 30.0, history_len: int = 500,
+                 bounds: Bounds = Bounds()) -> None:
         self.worker = worker
+        self.bounds = bounds
         self.visibility_ms = int(visibility_s * 1000)
         self.history_len = history_len
         # Binary replies: the audio field is bytes. A few quick retries get a pooled connection
@@ -63,6 +88,7 @@ class RedisQueue:
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=3),
         )
         self._complete = self.redis.register_script(_COMPLETE)
+        self._submit = self.redis.register_script(_SUBMIT)
         self._group_ready = False
 
     async def close(self) -> None:
@@ -71,12 +97,22 @@ class RedisQueue:
     # ---- gateway side ----
 
     async def submit(self, u: Utterance) -> str:
-        entry = await self.redis.xadd(JOBS, encode_job(u))
-        return entry.decode()
+        b = self.bounds
+        fields = [item for pair in encode_job(u).items() for item in pair]
+        reply = await self._submit(keys=[JOBS, BACKLOG], args=[*backlog_fields(u.room_id, u.student_id),
+                                                               b.total, b.per_room, b.per_student, *fields])
+        if not isinstance(reply, list):
+            scope = reply.decode()
+            raise QueueFull(scope, {"student": b.per_student, "room": b.per_room}.get(scope, b.total))
+        return reply[0].decode()
 
     async def depth(self) -> int:
         """Jobs not yet published: waiting plus being transcribed."""
         return int(await self.redis.xlen(JOBS))
+
+    async def backlog(self) -> dict[str, int]:
+        counts = await self.redis.hgetall(BACKLOG)
+        return {k.decode()[2:]: int(v) for k, v in counts.items() if k.startswith(b"r:") and int(v) > 0}
 
     async def capacity(self) -> tuple[int, float]:
         """Live workers and their summed recent throughput (utterances/s). Alive = its heartbeat
@@ -150,8 +186,9 @@ class RedisQueue:
         return await self._decode(claimed)
 
     async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
-        keys = [done_key(u.utterance_id), history_key(u.room_id), JOBS]
-        args = [room_channel(u.room_id), event.to_json(), self.history_len, JOB_GROUP, entry_id, int(DONE_TTL_S), HISTORY_FIELD]
+        keys = [done_key(u.utterance_id), history_key(u.room_id), JOBS, BACKLOG]
+        args = [room_channel(u.room_id), event.to_json(), self.history_len, JOB_GROUP, entry_id, int(DONE_TTL_S), HISTORY_FIELD,
+                *backlog_fields(u.room_id, u.student_id)]
         return bool(await self._complete(keys=keys, args=args))
 
     async def attempt(self, entry_id: str) -> int:

@@ -10,11 +10,13 @@ import logging
 import time
 
 from streamserver.bus.ordered import OrderedPublisher
-from streamserver.events import Utterance, UtteranceQueued
-from streamserver.queue.base import UNREACHABLE, UtteranceQueue
+from streamserver.events import Utterance, UtteranceDropped, UtteranceQueued
+from streamserver.metrics import Metrics
+from streamserver.queue.base import UNREACHABLE, QueueFull, UtteranceQueue
 
 log = logging.getLogger(__name__)
 RETRY_FOR_S = 120.0  # the queue unreachable longer than this: the utterance is dropped, loudly
+FULL_HOLD_S = 10.0  # a room whose backlog reached its bound answers new students "busy" this long
 
 
 class Busy(RuntimeError):
@@ -22,11 +24,11 @@ class Busy(RuntimeError):
 
 
 class UtteranceSink:
-    def __init__(self, queue: UtteranceQueue, publisher: OrderedPublisher, max_wait_s: float = 5.0) -> None:
-        self.queue, self.publisher, self.max_wait_s = queue, publisher, max_wait_s
+    def __init__(self, queue: UtteranceQueue, publisher: OrderedPublisher, metrics: Metrics, max_wait_s: float = 5.0) -> None:
+        self.queue, self.publisher, self.metrics, self.max_wait_s = queue, publisher, metrics, max_wait_s
+        self._full: dict[str, float] = {}  # room ("" for the whole queue) -> monotonic time its bound was hit
         self._tasks: set[asyncio.Task] = set()
-        self._busy_checked = -1e9
-        self._busy_reason: str | None = None
+        self._busy: dict[str | None, tuple[float, str | None]] = {}  # room -> (checked at, reason)
         self._busy_lock = asyncio.Lock()
         self.queued = 0
         self.dropped = 0
@@ -48,6 +50,9 @@ class UtteranceSink:
             try:
                 await self.queue.submit(u)
                 break
+            except QueueFull as error:
+                await self._refused(u, error)
+                return
             except UNREACHABLE as error:
                 if time.monotonic() > deadline:
                     self.dropped += 1
@@ -59,27 +64,47 @@ class UtteranceSink:
         self.queued += 1
         await self.publisher.publish(UtteranceQueued.of(u))  # a lost notice loses no speech
 
+    async def _refused(self, u: Utterance, error: QueueFull) -> None:
+        self.dropped += 1
+        self.metrics.utterances.labels(outcome="dropped").inc()
+        log.warning("utterance %s of student %s in room %s dropped: %s", u.utterance_id, u.student_id, u.room_id, error)
+        if error.scope != "student":  # one student's flood is its own; a room's bound makes the room busy
+            self._full["" if error.scope == "total" else u.room_id] = time.monotonic()
+        await self.publisher.publish(UtteranceDropped.of(u, str(error)))
+
     async def depth(self) -> int:
         return await self.queue.depth()
 
-    async def busy(self) -> str | None:
-        """Why a new student should be turned away now, or None. Expected wait = jobs not yet
-        published / the workers' summed throughput; checked at most once a second."""
+    async def busy(self, room_id: str | None = None) -> str | None:
+        """Why a new student (of `room_id`) should be turned away now, or None: the room's or the
+        whole queue's bound was hit lately, or the expected wait = jobs not yet published / the
+        workers' summed throughput is too long (checked at most once a second)."""
+        now = time.monotonic()
+        for key in ("", room_id):
+            if key is not None and now - self._full.get(key, -1e9) < FULL_HOLD_S:
+                return "the recognition queue of this room is full" if key else "the recognition queue is full"
         async with self._busy_lock:  # joins arriving together wait for one check, not skip it
-            if time.monotonic() - self._busy_checked >= 1.0:
-                self._busy_reason = await self._check_busy()
-                self._busy_checked = time.monotonic()
-        return self._busy_reason
+            checked, reason = self._busy.get(room_id, (-1e9, None))
+            if time.monotonic() - checked >= 1.0:
+                reason = await self._check_busy(room_id)
+                self._busy[room_id] = (time.monotonic(), reason)
+        return reason
 
-    async def _check_busy(self) -> str | None:
+    async def _check_busy(self, room_id: str | None) -> str | None:
+        """The expected wait of the room's next utterance. A fair queue serves rooms in turn, so
+        it waits behind, of each room's backlog, at most as many as its own room has waiting
+        plus one; a queue read in arrival order makes it wait behind everything."""
         try:
+            backlog = await self.queue.backlog()
             depth = await self.queue.depth()
             workers, rate = await self.queue.capacity()
         except UNREACHABLE as error:
             return f"the job queue is unreachable ({error})"
         if workers == 0:
             return "no ASR worker is running"
-        if depth and rate <= 0:
+        mine = backlog.get(room_id, 0) if room_id is not None else max(backlog.values(), default=0)
+        ahead = sum(min(n, mine + 1) for n in backlog.values()) if self.queue.fair else depth
+        if ahead and rate <= 0:
             return None  # workers just started: no throughput measured yet
-        wait = depth / rate if rate > 0 else 0.0
+        wait = ahead / rate if rate > 0 else 0.0
         return f"expected transcription wait {wait:.1f}s is over {self.max_wait_s:.1f}s" if wait > self.max_wait_s else None

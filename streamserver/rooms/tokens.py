@@ -18,6 +18,8 @@ import re
 import time
 from dataclasses import dataclass
 
+from streamserver.rooms.admission import AddressLimits
+
 ROLES = ("teacher", "student")
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _MAX_TOKEN_CHARS = 4096  # an issued token is about 150 characters
@@ -35,6 +37,7 @@ class Claim:
     room_id: str
     role: str
     expires: float
+    limits: AddressLimits = AddressLimits()  # what a student link allows one client address
 
 
 def _b64(data: bytes) -> str:
@@ -50,10 +53,15 @@ def _unb64(text: str) -> bytes:
     return data
 
 
-def issue(secret: str, room_id: str, role: str, ttl_s: float) -> str:
+def issue(secret: str, room_id: str, role: str, ttl_s: float, limits: AddressLimits = AddressLimits()) -> str:
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
-    body = _b64(json.dumps({"room": room_id, "role": role, "exp": int(time.time() + ttl_s)}).encode())
+    claim: dict[str, object] = {"room": room_id, "role": role, "exp": int(time.time() + ttl_s)}
+    if limits.seats_per_address is not None:
+        claim["spa"] = limits.seats_per_address
+    if limits.joins_per_minute is not None:
+        claim["jpm"] = limits.joins_per_minute
+    body = _b64(json.dumps(claim).encode())
     sig = hmac.new(secret.encode(), body.encode(), hashlib.sha256).digest()
     return f"{body}.{_b64(sig)}"
 
@@ -80,7 +88,10 @@ def _claim(secret: str, token: object) -> Claim:
     # bool is an int subclass; a float (nan, inf, 1e999) is not an exp we issue
     if not isinstance(room, str) or not isinstance(role, str) or type(exp) is not int or not 0 <= exp <= _MAX_EXP:
         raise TokenError("malformed token", 401)
-    return Claim(room, role, float(exp))
+    spa, jpm = data.get("spa"), data.get("jpm")
+    if any(v is not None and (type(v) is not int or v < 1) for v in (spa, jpm)):
+        raise TokenError("malformed token", 401)
+    return Claim(room, role, float(exp), AddressLimits(spa, jpm))
 
 
 def verify(secret: str, token: object, room_id: str | None, role: str) -> Claim:
@@ -113,10 +124,10 @@ def bearer(header: str | None) -> bytes | None:
     return credential
 
 
-def room_links(secret: str, room_id: str, base_url: str, ttl_s: float) -> dict[str, str]:
+def room_links(secret: str, room_id: str, base_url: str, ttl_s: float, limits: AddressLimits = AddressLimits()) -> dict[str, str]:
     """The teacher and student URLs of a room, each carrying its signed token in the fragment:
     a browser never sends the fragment to a server, so the token reaches no Referer and no
     access log (the pages read it from location.hash)."""
     return {
-        f"{role}_url": f"{base_url}/{role}#room={room_id}&token={issue(secret, room_id, role, ttl_s)}" for role in ROLES
+        f"{role}_url": f"{base_url}/{role}#room={room_id}&token={issue(secret, room_id, role, ttl_s, limits)}" for role in ROLES
     }

@@ -15,6 +15,9 @@ import aioice.ice
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from streamserver.audio.pacing import TooFast
+from streamserver.transport.candidates import CandidatePolicy, TooManyCandidates, filter_offer
+
 log = logging.getLogger(__name__)
 for _noisy in ("aioice", "aiortc"):  # aioice logs every ICE check at INFO: lines per offer, per pair
     logging.getLogger(_noisy).setLevel(logging.WARNING)
@@ -48,12 +51,21 @@ async def answer(
     ice_servers: list[dict],
     on_frame: Callable[[object], None],
     on_end: Callable[[], None],
+    candidates: CandidatePolicy = CandidatePolicy(),
 ) -> tuple[RTCPeerConnection, str]:
-    """Accept an audio offer; every received frame goes to on_frame, on_end when it stops."""
+    """Accept an audio offer; every received frame goes to on_frame, on_end when it stops.
+    Only the offer's allowed ICE candidates are contacted (transport/candidates.py)."""
     if "m=audio" not in offer_sdp:
         raise OfferError("the offer has no audio")
+    try:
+        offer_sdp = filter_offer(offer_sdp, candidates)
+    except TooManyCandidates as error:
+        raise OfferError(str(error)) from None
     pc = RTCPeerConnection(ice_configuration(ice_servers))
     ended = False
+    # Kept, and cancelled with the peer: a pump whose track never delivers (a peer closed before
+    # its receiver started) would otherwise wait forever.
+    pumps: set[asyncio.Task] = set()
 
     def finish() -> None:
         nonlocal ended
@@ -61,15 +73,23 @@ async def answer(
             ended = True
             on_end()
 
+    def stop_pumps() -> None:
+        for task in pumps:
+            if task is not asyncio.current_task():
+                task.cancel()
+
     @pc.on("track")
     def on_track(track: MediaStreamTrack) -> None:
         if track.kind == "audio":
-            asyncio.ensure_future(_pump(track, on_frame, finish))
+            task = asyncio.get_running_loop().create_task(_pump(track, on_frame, finish, pc))
+            pumps.add(task)
+            task.add_done_callback(pumps.discard)
 
     @pc.on("connectionstatechange")
     async def on_state() -> None:
         if pc.connectionState in ("failed", "closed"):
             await pc.close()
+            stop_pumps()
             finish()
 
     try:
@@ -77,16 +97,22 @@ async def answer(
         await pc.setLocalDescription(await pc.createAnswer())
     except Exception as error:  # aiortc raises ValueError, KeyError ... on bad SDP
         await pc.close()
+        stop_pumps()
         raise OfferError(f"cannot use this offer: {error or type(error).__name__}") from None
     return pc, pc.localDescription.sdp
 
 
-async def _pump(track: MediaStreamTrack, on_frame: Callable[[object], None], on_end: Callable[[], None]) -> None:
+async def _pump(track: MediaStreamTrack, on_frame: Callable[[object], None], on_end: Callable[[], None],
+                pc: RTCPeerConnection) -> None:
     try:
         while True:
             frame = await track.recv()
             try:
                 on_frame(frame)
+            except TooFast as error:  # a peer sending faster than anyone speaks is cut off
+                log.warning("closing a WebRTC peer: %s", error)
+                await pc.close()
+                return
             except Exception:  # a bad frame costs that frame, never the room
                 log.exception("dropping an audio frame that could not be processed")
     except MediaStreamError:

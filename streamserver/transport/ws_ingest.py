@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Callable
+from typing import Awaitable, Callable
 
 import av
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from streamserver.audio.pacing import TooFast
 from streamserver.audio.resample import RATE, To16kMono
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,9 @@ TRANSPORT_LIMIT_BYTES = 1024 * 1024
 CLOSE_BAD_AUDIO = WSCloseCode.INVALID_TEXT  # 1007: a payload that is not what was announced
 CLOSE_UNSUPPORTED = WSCloseCode.UNSUPPORTED_DATA  # 1003: a text message we do not understand
 CLOSE_TOO_BIG = WSCloseCode.MESSAGE_TOO_BIG  # 1009
+CLOSE_TOO_FAST = WSCloseCode.POLICY_VIOLATION  # 1008: audio faster than real time (audio/pacing.py)
 CLOSE_REPLACED = 4001  # the same student connected again (over WebSocket or WebRTC)
+CLOSE_ROOM_CLOSED = 4003  # the teacher or an admin closed the room
 FORMATS = ("pcm16", "opus")
 
 
@@ -85,23 +88,30 @@ def _read_format(text: str) -> str:
     return message["format"]
 
 
+def new_socket() -> web.WebSocketResponse:
+    """The stream's socket, made before the student is seated: the caller checks with
+    can_prepare() that the request is a WebSocket upgrade at all before taking a seat."""
+    return web.WebSocketResponse(heartbeat=20, max_msg_size=TRANSPORT_LIMIT_BYTES)
+
+
 async def serve(
-    request: web.Request, room_id: str, student_id: str, push: Callable[[np.ndarray], None], current: Callable[[], bool]
+    request: web.Request, ws: web.WebSocketResponse, identity: dict[str, str], push: Callable[[np.ndarray], None],
+    current: Callable[[], bool],
 ) -> web.WebSocketResponse:
     """Run one student's stream until either side closes: decoded 16 kHz PCM goes to `push`
-    while `current()` says this stream is still the student's (a reconnect replaces it). The
-    caller has checked the token, seated the student and ends the stream afterwards."""
-    ws = web.WebSocketResponse(heartbeat=20, max_msg_size=TRANSPORT_LIMIT_BYTES)
+    while `current()` says this stream is still the student's (a reconnect replaces it).
+    `identity` (room_id, student_id, resume) goes into the ready message. The caller has checked
+    the token, seated the student and ends the stream afterwards."""
     await ws.prepare(request)
-    await _stream(ws, room_id, student_id, push, current)
+    await _stream(ws, identity, push, current)
     return ws
 
 
 async def _stream(
-    ws: web.WebSocketResponse, room_id: str, student_id: str, push: Callable[[np.ndarray], None], current: Callable[[], bool]
+    ws: web.WebSocketResponse, identity: dict[str, str], push: Callable[[np.ndarray], None], current: Callable[[], bool]
 ) -> None:
-    ready = {"type": "ready", "room_id": room_id, "student_id": student_id, "sample_rate": RATE, "format": "pcm16"}
-    await ws.send_json(ready)
+    room_id, student_id = identity["room_id"], identity["student_id"]
+    await ws.send_json({"type": "ready", **identity, "sample_rate": RATE, "format": "pcm16"})
     decoder: Pcm16Decoder | OpusDecoder = Pcm16Decoder()
     first = True
     try:
@@ -112,7 +122,10 @@ async def _stream(
             if message.type == WSMsgType.BINARY:
                 if len(message.data) > MAX_MESSAGE_BYTES:
                     raise BadInput(f"message of {len(message.data)} bytes is over {MAX_MESSAGE_BYTES}", CLOSE_TOO_BIG)
-                push(decoder.decode(message.data))
+                try:
+                    push(decoder.decode(message.data))
+                except TooFast as error:
+                    raise BadInput(str(error), CLOSE_TOO_FAST) from None
             elif message.type == WSMsgType.TEXT:
                 if not first:
                     raise BadInput("a format message must come before any audio", CLOSE_UNSUPPORTED)
@@ -128,6 +141,16 @@ async def _stream(
     except Exception:  # a bug of ours must end this stream only, never the room
         log.exception("ingest stream of %s/%s failed", room_id, student_id)
         await _close(ws, "internal error", WSCloseCode.INTERNAL_ERROR)
+
+
+def ender(ws: web.WebSocketResponse) -> Callable[[str, int], Awaitable[None]]:
+    """How the server ends this stream from outside (the room closed): a reason, then a close."""
+
+    async def end(reason: str, code: int) -> None:
+        if ws.prepared and not ws.closed:
+            await _close(ws, reason, code)
+
+    return end
 
 
 async def _close(ws: web.WebSocketResponse, reason: str, code: int) -> None:

@@ -34,23 +34,18 @@ function setStatus(text, state) {
   statusEl.dataset.state = state;
 }
 
-// The student_id lives in sessionStorage per room, so a reload or reconnect keeps the
-// student's identity on the teacher's dashboard while a new tab is a new student.
-const idKey = `streamserver:student_id:${room}`;
+// The server issues the student_id with a resume secret that proves it on a reconnect. Both
+// live in sessionStorage per room, so a reload or reconnect keeps the student's identity on
+// the teacher's dashboard while a new tab is a new student.
+const idKey = `streamserver:identity:${room}`;
 
-function newId() {
-  if (crypto.randomUUID) return crypto.randomUUID();
-  // randomUUID exists only in secure contexts; the server accepts any 8–64 character id.
-  return Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, '0')).join('');
-}
-
-function studentId() {
-  let id = sessionStorage.getItem(idKey);
-  if (!id) {
-    id = newId();
-    sessionStorage.setItem(idKey, id);
+function savedIdentity() {
+  try {
+    const saved = JSON.parse(sessionStorage.getItem(idKey) || 'null');
+    return saved && typeof saved.student_id === 'string' && typeof saved.resume === 'string' ? saved : null;
+  } catch (err) {
+    return null;
   }
-  return id;
 }
 
 // --- microphone level meter --------------------------------------------------------------
@@ -129,7 +124,7 @@ async function postOffer(s, description) {
       headers: { 'Content-Type': 'application/json' },
       body: JSON.stringify({
         token, sdp: description.sdp, type: description.type,
-        student_name: s.name, student_id: s.studentId,
+        student_name: s.name, ...(s.identity || {}),
       }),
     });
   } catch (err) {
@@ -161,9 +156,9 @@ async function connect(s) {
 
     const answer = await postOffer(s, pc.localDescription);
     if (stale()) return;
-    if (answer.student_id && answer.student_id !== s.studentId) {
-      s.studentId = answer.student_id; // the server's id is the one the teacher sees
-      sessionStorage.setItem(idKey, s.studentId);
+    if (answer.student_id && answer.resume) {
+      s.identity = { student_id: answer.student_id, resume: answer.resume };
+      sessionStorage.setItem(idKey, JSON.stringify(s.identity));
     }
     await pc.setRemoteDescription({ type: 'answer', sdp: answer.sdp });
     if (stale()) return;
@@ -241,7 +236,7 @@ async function join(event) {
   sessionStorage.setItem('streamserver:name', name);
 
   const s = {
-    name, studentId: studentId(), attempt: 0, backoffS: 1, connectedOnce: false,
+    name, identity: savedIdentity(), attempt: 0, backoffS: 1, connectedOnce: false,
     pc: null, stream: null, track: null, meterFrame: 0,
     retryTimer: null, disconnectTimer: null, watchdog: null,
     // Created inside the click so the autoplay policy lets it run.
