@@ -78,6 +78,7 @@ def main() -> int:
     p.add_argument("--gateways", type=int, default=1, metavar="G", help="gateway processes; the simulator's rooms are spread over them")
     p.add_argument("--vad-hangover-ms", type=int, metavar="MS", help="the gateways' --vad-hangover-ms (default: theirs, 500)")
     p.add_argument("--loadsim-processes", type=int, default=1, metavar="P", help="the simulator's --processes")
+    p.add_argument("--transport", choices=("ws", "webrtc"), default="ws", help="how the simulated students send audio")
     p.add_argument("--ready-timeout", type=float, default=180, metavar="S",
                    help="longest wait for a worker's /readyz (the GPU engine compiles for 1-2 minutes first)")
     p.add_argument("--logs", type=Path, metavar="DIR", help="the processes' logs (default OUT/logs)")
@@ -107,7 +108,7 @@ def main() -> int:
             port = free_port()
             name = "gateway" if args.gateways == 1 else f"gateway-{i}"
             g = subprocess.Popen(
-                EXE + ["gateway", "--port", str(port), "--redis-url", redis.url, *hangover],
+                EXE + ["gateway", "--port", str(port), "--redis-url", redis.url, "--ice-host", "127.0.0.1", *hangover],
                 env=env, stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT,
             )
             procs.append(g)
@@ -140,7 +141,7 @@ def main() -> int:
         sim = subprocess.Popen(
             EXE + ["loadsim", *[a for url in urls for a in ("--url", url)], "--students", str(args.students),
                    "--duration", str(args.duration), "--rooms", str(args.rooms), "--speak-ratio", str(args.speak_ratio),
-                   "--transport", "ws", "--processes", str(args.loadsim_processes), "--report", str(args.out)],
+                   "--transport", args.transport, "--processes", str(args.loadsim_processes), "--report", str(args.out)],
             env={**env, "STREAMSERVER_ADMIN_TOKEN": token},
         )
         killed = None

@@ -14,7 +14,7 @@
 # Chunks are looked for in $STAGE (/root/stage6) and in ./.stage6/*/ alike.
 #
 # Every setting is an environment variable (defaults: the issue-6 must-show):
-#   STUDENTS=2000 DURATION=60 SPEAK_RATIO=0.1 ROOMS=20 GATEWAYS=8 PROCESSES=6 HANGOVER_MS=500
+#   STUDENTS=2000 DURATION=60 SPEAK_RATIO=0.1 ROOMS=20 GATEWAYS=8 PROCESSES=6 HANGOVER_MS=500 TRANSPORT=ws|webrtc
 #   BACKEND=torch-cuda MODEL=tiny.en WORKERS=1 THREADS=4 (intent labels' CPU threads) MAX_BATCH=64
 #   WORKER_ARGS="" (more worker flags)  READY_TIMEOUT=300 (s for the worker's /readyz: the GPU
 #   engine compiles for 1-2 minutes)  NAME=scaleout-h200  OUT (the device tool sets it)
@@ -32,7 +32,7 @@ STUDENTS=${STUDENTS:-2000}; DURATION=${DURATION:-60}; SPEAK_RATIO=${SPEAK_RATIO:
 GATEWAYS=${GATEWAYS:-8}; PROCESSES=${PROCESSES:-6}; HANGOVER_MS=${HANGOVER_MS:-500}
 BACKEND=${BACKEND:-torch-cuda}; MODEL=${MODEL:-tiny.en}; WORKERS=${WORKERS:-1}; THREADS=${THREADS:-4}
 MAX_BATCH=${MAX_BATCH:-64}; WORKER_ARGS=${WORKER_ARGS:-}; READY_TIMEOUT=${READY_TIMEOUT:-300}
-NAME=${NAME:-scaleout-h200}; PYTHON=${PYTHON:-python3}
+NAME=${NAME:-scaleout-h200}; PYTHON=${PYTHON:-python3}; TRANSPORT=${TRANSPORT:-ws}
 STAGE=${STAGE:-/root/stage6}; SITE=${SITE:-/tmp/site6}; INSTALL=${INSTALL:-auto}
 LOGS=/tmp/$NAME-logs
 T0=$(date +%s)
@@ -111,7 +111,7 @@ say "ulimit -n $(ulimit -n); $STUDENTS students, $ROOMS rooms, $GATEWAYS gateway
 rm -rf "$LOGS" "$OUT/$NAME"
 export STREAMSERVER_ADMIN_TOKEN=${STREAMSERVER_ADMIN_TOKEN:-scaleout-device} PYTHONUNBUFFERED=1
 "$PYTHON" -m benchmarks.scaleout --students "$STUDENTS" --duration "$DURATION" --rooms "$ROOMS" \
-    --speak-ratio "$SPEAK_RATIO" --gateways "$GATEWAYS" --loadsim-processes "$PROCESSES" \
+    --speak-ratio "$SPEAK_RATIO" --gateways "$GATEWAYS" --loadsim-processes "$PROCESSES" --transport "$TRANSPORT" \
     --workers "$WORKERS" --threads "$THREADS" --max-batch "$MAX_BATCH" --model "$MODEL" --backend "$BACKEND" \
     --worker-args="$WORKER_ARGS" --vad-hangover-ms "$HANGOVER_MS" --ready-timeout "$READY_TIMEOUT" \
     --logs "$LOGS" --out "$OUT/$NAME"
