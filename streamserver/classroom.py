@@ -21,6 +21,7 @@ from streamserver.bus import Bus
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.config import Settings
 from streamserver.events import RoomClosedEvent, StudentEvent
+from streamserver.loop_lag import LoopLag
 from streamserver.metrics import Metrics
 from streamserver.queue.sink import Busy, UtteranceSink
 from streamserver.rooms.admission import Admission, AddressLimits
@@ -67,6 +68,7 @@ class Classroom:
         self._last_used: dict[str, float] = {}  # room -> monotonic time it last had a student or a feed
         self.seats = SeatKeeper(bus, self.rooms, settings.seat_lease_s)
         self.admission = Admission()
+        self.loop_lag = LoopLag(metrics.loop_lag.observe)
         self.connections: dict[tuple[str, str], Connection] = {}
         self.segmenter_config = SegmenterConfig.with_hangover(settings.vad_hangover_ms)
         webrtc.use_host_addresses(settings.ice_hosts)
@@ -80,7 +82,8 @@ class Classroom:
             part.start()
         self.seats.start()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._watch_depth()), loop.create_task(self._watch_rooms())]
+        self._tasks = [loop.create_task(self._watch_depth()), loop.create_task(self._watch_rooms()),
+                       loop.create_task(self.loop_lag.run())]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -154,8 +157,8 @@ class Classroom:
         return counts
 
     async def check_capacity(self, room: Room) -> None:
-        """Raise Busy when recognition cannot take one more student of the room."""
-        if reason := await self.sink.busy(room.room_id):
+        """Raise Busy when this process or recognition cannot take one more student of the room."""
+        if reason := self.loop_lag.overloaded() or await self.sink.busy(room.room_id):
             self.metrics.busy_rejections.inc()
             raise Busy(reason)
 

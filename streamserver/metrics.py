@@ -50,6 +50,8 @@ class Metrics:
         self.eos_to_published = Histogram("streamserver_eos_to_published_seconds", "end of speech to published",
                                           buckets=LATENCY_BUCKETS, registry=r)
         self.utterances = Counter("streamserver_utterances", "utterances finished, by outcome", ["outcome"], registry=r)
+        self.loop_lag = Histogram("streamserver_event_loop_lag_seconds", "how late the event loop wakes from a 0.1 s sleep",
+                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=r)
         self.streams_per_room = streams_per_room
         r.register(_Read(self._streams))
         r.register(_Read(_engine_loads))

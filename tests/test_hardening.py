@@ -322,3 +322,23 @@ def test_a_half_sent_request_is_closed_after_the_header_timeout():
             started = time.monotonic()
             assert s.recv(100) == b""  # closed by the server
             assert time.monotonic() - started < 4
+
+
+def test_a_lagging_event_loop_says_it_is_overloaded():
+    """A loop blocked for most of two seconds answers busy (and logs it); one hiccup does not."""
+    from streamserver.loop_lag import WINDOW, LoopLag
+
+    lag = LoopLag()
+    lag.recent = [0.0] * (WINDOW - 1) + [1.0]
+    assert lag.overloaded() is None
+    lag.recent = []
+
+    async def body() -> None:
+        task = asyncio.create_task(lag.run())
+        for _ in range(WINDOW):
+            await asyncio.sleep(0)
+            time.sleep(0.35)  # the loop is blocked: every tick wakes late
+        task.cancel()
+
+    asyncio.run(body())
+    assert "overloaded" in (lag.overloaded() or "")

@@ -107,11 +107,12 @@ class AsrWorker:
 
     async def _loop(self) -> None:
         while True:
+            size = self.batch_size()  # once: a read and the batch it feeds agree
             if not self.buffer:
                 # No read-ahead: jobs this worker holds but has not started are the ones that
                 # wait for a claim if it dies, so it takes only what its next batch will use.
                 try:
-                    self.buffer += await self.queue.read(self.batch_size(), 200)
+                    self.buffer += await self.queue.read(size, 200)
                 except UNREACHABLE as error:
                     self.ready = False
                     log.warning("queue unavailable (%s)", error)
@@ -119,7 +120,7 @@ class AsrWorker:
                     continue
             if not self.buffer:
                 continue
-            batch = fair_batch(self.buffer, self.batch_size(), lambda e: e[1].room_id)
+            batch = fair_batch(self.buffer, size, lambda e: e[1].room_id)
             self._in_progress = {eid for eid, _ in batch}  # not to be claimed back from ourselves
             try:
                 await self._transcribe(batch)
