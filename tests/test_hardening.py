@@ -335,9 +335,9 @@ def test_a_lagging_event_loop_says_it_is_overloaded():
 
     async def body() -> None:
         task = asyncio.create_task(lag.run())
-        for _ in range(WINDOW):
+        for _ in range(WINDOW + 3):
             await asyncio.sleep(0)
-            time.sleep(0.35)  # the loop is blocked: every tick wakes late
+            time.sleep(0.3)  # the loop is blocked: every tick wakes late
         task.cancel()
 
     asyncio.run(body())
