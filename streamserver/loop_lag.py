@@ -28,13 +28,15 @@ class LoopLag:
         while True:
             started = time.perf_counter()
             await asyncio.sleep(TICK_S)
-            lag = max(0.0, time.perf_counter() - started - TICK_S)
-            self.recent = (self.recent + [lag])[-WINDOW:]
-            if self.on_sample:
-                self.on_sample(lag)
-            if lag > OVERLOADED_S and time.monotonic() - self._warned_at > 10:
-                self._warned_at = time.monotonic()
-                log.warning("overloaded: the event loop ran %.0f ms behind; students' audio may be delayed or lost", lag * 1000)
+            self.record(max(0.0, time.perf_counter() - started - TICK_S))
+
+    def record(self, lag: float) -> None:
+        self.recent = (self.recent + [lag])[-WINDOW:]
+        if self.on_sample:
+            self.on_sample(lag)
+        if lag > OVERLOADED_S and time.monotonic() - self._warned_at > 10:
+            self._warned_at = time.monotonic()
+            log.warning("overloaded: the event loop ran %.0f ms behind; students' audio may be delayed or lost", lag * 1000)
 
     def overloaded(self) -> str | None:
         """Why this process should take no new students now, or None: the loop ran late on most
