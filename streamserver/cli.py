@@ -139,6 +139,11 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="also serve /metrics without the admin token on --metrics-host:PORT (an internal address)")
     p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM, chain included; with --tls-key)")
+    p.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+    p.add_argument("--tls-self-signed", metavar="DIR", type=Path,
+                   help="serve HTTPS with a classroom CA made once in DIR (and reused) and a certificate for this "
+                        "machine's names and LAN addresses; the CA is offered at /ca.crt, instructions at /ca")
     _add_vad_options(p)
 
 
@@ -150,6 +155,25 @@ def _network(text: str) -> str:
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text
+
+
+def _tls(args: argparse.Namespace):  # noqa: ANN202 - lazy import of streamserver.tls
+    """The TLS files to serve with, or None; TlsError (ValueError) for flags that do not fit."""
+    from streamserver.tls import Tls, TlsError, fingerprint, self_signed
+
+    if args.tls_self_signed and (args.tls_cert or args.tls_key):
+        raise TlsError("use --tls-self-signed or --tls-cert/--tls-key, not both")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise TlsError("--tls-cert and --tls-key go together")
+    if args.tls_self_signed:
+        tls = self_signed(args.tls_self_signed, args.public_url)
+        _progress(f"classroom CA {tls.ca_cert} (SHA-256 {fingerprint(tls.ca_cert)}): students' devices trust it once, "
+                  "from /ca on this server")
+    else:
+        tls = Tls(Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
+    if tls:
+        tls.context()  # fails now, with the files named, rather than at the first connection
+    return tls
 
 
 def _settings(args: argparse.Namespace, **extra: object):  # noqa: ANN202 - lazy import of Settings
@@ -179,7 +203,7 @@ def _secret_check(settings, command: str) -> bool:  # noqa: ANN001 - a Settings
     return True
 
 
-def _run_server(app, settings, args: argparse.Namespace, classroom) -> None:  # noqa: ANN001 - aiohttp and ours
+def _run_server(app, settings, args: argparse.Namespace, classroom, tls=None) -> None:  # noqa: ANN001 - aiohttp and ours
     from aiohttp import web
 
     from streamserver.api.app import metrics_app
@@ -194,14 +218,20 @@ def _run_server(app, settings, args: argparse.Namespace, classroom) -> None:  # 
 
         app.cleanup_ctx.append(metrics_site)
     web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None,
-                keepalive_timeout=args.header_timeout)
+                keepalive_timeout=args.header_timeout, ssl_context=tls.context() if tls else None)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from streamserver.rooms import tokens
     from streamserver.server import serve_app
 
-    settings = _settings(args, model=args.model, backend=args.backend, threads=args.threads)
+    try:
+        tls = _tls(args)
+    except ValueError as error:
+        _progress(f"error: {error}")
+        return 2
+    settings = _settings(args, model=args.model, backend=args.backend, threads=args.threads,
+                         tls_ca_cert=str(tls.ca_cert) if tls and tls.ca_cert else None)
     if not _secret_check(settings, "serve"):
         return 2
     loaded = _warm_engine_and_intent(settings.model, settings.backend, settings.threads)
@@ -212,21 +242,26 @@ def _serve(args: argparse.Namespace) -> int:
     if args.demo_room:
         language = "en" if not engine.multilingual else "auto"
         room = classroom.rooms.create(args.demo_room, language)  # before the loop runs: this process only
-        base = settings.public_url or f"http://{settings.host}:{settings.port}"
+        base = settings.public_url or f"{'https' if tls else 'http'}://{settings.host}:{settings.port}"
         links = tokens.room_links(settings.secret, room.room_id, base, settings.token_ttl_s)
         print(f"demo room {room.name!r} ({language}):", flush=True)
         print(f"  teacher: {links['teacher_url']}")
         print(f"  student: {links['student_url']}", flush=True)
     bus = "redis " + settings.redis_url if settings.redis_url else "embedded bus"
-    _progress(f"serving on http://{settings.host}:{settings.port} ({settings.model}, {bus})")
-    _run_server(app, settings, args, classroom)
+    _progress(f"serving on {'https' if tls else 'http'}://{settings.host}:{settings.port} ({settings.model}, {bus})")
+    _run_server(app, settings, args, classroom, tls)
     return 0
 
 
 def _gateway(args: argparse.Namespace) -> int:
     from streamserver.server import gateway_app
 
-    settings = _settings(args)
+    try:
+        tls = _tls(args)
+    except ValueError as error:
+        _progress(f"error: {error}")
+        return 2
+    settings = _settings(args, tls_ca_cert=str(tls.ca_cert) if tls and tls.ca_cert else None)
     if not _secret_check(settings, "gateway"):
         return 2
     try:
@@ -234,8 +269,8 @@ def _gateway(args: argparse.Namespace) -> int:
     except ValueError as error:
         _progress(f"error: {error}")
         return 2
-    _progress(f"gateway on http://{settings.host}:{settings.port} (jobs and rooms through {settings.redis_url})")
-    _run_server(app, settings, args, classroom)
+    _progress(f"gateway on {'https' if tls else 'http'}://{settings.host}:{settings.port} (jobs and rooms through {settings.redis_url})")
+    _run_server(app, settings, args, classroom, tls)
     return 0
 
 

@@ -45,4 +45,5 @@ class Settings:
     max_queue_wait_s: float = 5.0  # expected recognition wait past which new students hear "busy"
     history_len: int = 500
     vad_hangover_ms: int = 500  # silence that ends an utterance (audio/segmenter.py); a latency floor
-    public_url: str | None = None  # base of the URLs handed out; default http://host:port
+    public_url: str | None = None  # base of the URLs handed out; default http(s)://host:port
+    tls_ca_cert: str | None = None  # the self-signed CA (--tls-self-signed), offered at /ca.crt

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import ssl
 import socket
 import subprocess
 import sys
@@ -27,7 +28,8 @@ class ServerProcess:
     def __init__(self, *extra: str, model: str = "tiny.en", program: Sequence[str] = (sys.executable, "-m", "streamserver"),
                  cwd: Path | None = None, env: Mapping[str, str] | None = None) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        tls = any(a in ("--tls-self-signed", "--tls-cert") for a in extra)
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         environ = dict(os.environ if env is None else env, STREAMSERVER_ADMIN_TOKEN=ADMIN_TOKEN)
         environ.setdefault("STREAMSERVER_SECRET", "server-process-test-secret")  # required with --redis-url
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"streamserver-test-{self.port}.log"
@@ -45,7 +47,8 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
             try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
+                # readiness only: the tests that care check the certificate themselves
+                with urllib.request.urlopen(self.url + "/healthz", timeout=1, context=ssl._create_unverified_context()) as r:
                     if r.status == 200:
                         return
             except OSError:

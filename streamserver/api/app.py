@@ -335,6 +335,25 @@ def metrics_app(metrics: Metrics) -> web.Application:
     return app
 
 
+async def ca_certificate(request: web.Request) -> web.StreamResponse:
+    """The classroom CA of `--tls-self-signed`, for students' devices to trust once."""
+    path = request.app[CLASSROOM].settings.tls_ca_cert
+    if not path:
+        return _error(404, "this server has no classroom certificate authority (it is not started with --tls-self-signed)")
+    return web.FileResponse(path, headers={"Content-Type": "application/x-x509-ca-cert",
+                                           "Content-Disposition": 'attachment; filename="streamserver-classroom-ca.crt"'})
+
+
+async def ca_page(request: web.Request) -> web.Response:
+    path = request.app[CLASSROOM].settings.tls_ca_cert
+    if not path:
+        return _error(404, "this server has no classroom certificate authority (it is not started with --tls-self-signed)")
+    from streamserver.tls import fingerprint
+
+    page = (WEB_DEMO / "ca.html").read_text().replace("{fingerprint}", fingerprint(Path(path)))
+    return web.Response(text=page, content_type="text/html")
+
+
 def _page(name: str):
     async def handler(request: web.Request) -> web.FileResponse:
         return web.FileResponse(WEB_DEMO / name)
@@ -412,6 +431,8 @@ def create_app(classroom: Classroom, worker: AsrWorker | None = None) -> web.App
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/student", _page("student.html"))
     app.router.add_get("/teacher", _page("teacher.html"))
+    app.router.add_get("/ca.crt", ca_certificate)
+    app.router.add_get("/ca", ca_page)
     app.router.add_static("/static/", WEB_DEMO)
 
     async def on_startup(app: web.Application) -> None:
