@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test clean chromium
+.PHONY: install run test clean system-packages
 
 install: $(STAMP)
 
@@ -18,14 +18,19 @@ $(STAMP): pyproject.toml
 run: install
 	$(VENV)/bin/streamserver serve --demo-room "Demo class" $(SERVE_ARGS)
 
-# The browser tests drive Debian's Chromium (never a downloaded browser); install it when it is
-# missing and we may (root, apt); otherwise those tests skip and say why.
-chromium:
+# The browser tests drive Debian's Chromium (never a downloaded browser), the uplink tests a
+# redis-server built with TLS (Debian's); install them when missing and we may (root, apt);
+# otherwise those tests skip and say why.
+system-packages:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 		echo "note: chromium not installed; browser tests will be skipped"
+	@command -v redis-server >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null || \
+		 (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)) ; } || \
+		echo "note: redis-server not installed; the TLS Redis tests will be skipped"
 
-test: install chromium
+test: install system-packages
 	$(VENV)/bin/python -m pytest -q
 
 clean:

@@ -139,6 +139,7 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="also serve /metrics without the admin token on --metrics-host:PORT (an internal address)")
     p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--redis-ca", metavar="FILE", help="CA certificate of a rediss:// (TLS) Redis (default: the system's CAs)")
     p.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM, chain included; with --tls-key)")
     p.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
     p.add_argument("--tls-self-signed", metavar="DIR", type=Path,
@@ -185,8 +186,27 @@ def _settings(args: argparse.Namespace, **extra: object):  # noqa: ANN202 - lazy
         ice_servers=[{"urls": [u]} for u in args.ice_server or []], ice_allow=args.ice_allow or [],
         max_students=args.max_students, public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms,
         max_queue_wait_s=args.max_queue_wait, queue_bounds=Bounds(total, room, student), max_audio_rate=args.max_audio_rate,
-        token_ttl_s=int(args.link_ttl), room_idle_ttl_s=args.room_idle_expiry, **extra,
+        token_ttl_s=int(args.link_ttl), room_idle_ttl_s=args.room_idle_expiry, redis_ca=args.redis_ca, **extra,
     )
+
+
+def _redis_check(url: str | None, ca_file: str | None) -> bool:
+    """A Redis that refuses our credentials (or whose certificate does not verify) is one clear
+    line and exit status 2 at start; one that is only down is waited for, as at any other time."""
+    if not url:
+        return True
+    import asyncio
+
+    from streamserver.bus.connect import check_credentials, redacted
+
+    try:
+        reason = asyncio.run(check_credentials(url, ca_file))
+    except ValueError as error:  # a URL redis-py cannot read, --redis-ca without rediss://
+        reason = str(error)
+    if reason:
+        _progress(f"error: {redacted(url)}: {reason}")
+        return False
+    return True
 
 
 def _secret_check(settings, command: str) -> bool:  # noqa: ANN001 - a Settings
@@ -222,6 +242,7 @@ def _run_server(app, settings, args: argparse.Namespace, classroom, tls=None) ->
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from streamserver.bus.connect import redacted
     from streamserver.rooms import tokens
     from streamserver.server import serve_app
 
@@ -232,7 +253,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     settings = _settings(args, model=args.model, backend=args.backend, threads=args.threads,
                          tls_ca_cert=str(tls.ca_cert) if tls and tls.ca_cert else None)
-    if not _secret_check(settings, "serve"):
+    if not _secret_check(settings, "serve") or not _redis_check(settings.redis_url, settings.redis_ca):
         return 2
     loaded = _warm_engine_and_intent(settings.model, settings.backend, settings.threads)
     if loaded is None:
@@ -247,13 +268,14 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"demo room {room.name!r} ({language}):", flush=True)
         print(f"  teacher: {links['teacher_url']}")
         print(f"  student: {links['student_url']}", flush=True)
-    bus = "redis " + settings.redis_url if settings.redis_url else "embedded bus"
+    bus = "redis " + redacted(settings.redis_url) if settings.redis_url else "embedded bus"
     _progress(f"serving on {'https' if tls else 'http'}://{settings.host}:{settings.port} ({settings.model}, {bus})")
     _run_server(app, settings, args, classroom, tls)
     return 0
 
 
 def _gateway(args: argparse.Namespace) -> int:
+    from streamserver.bus.connect import redacted
     from streamserver.server import gateway_app
 
     try:
@@ -262,14 +284,15 @@ def _gateway(args: argparse.Namespace) -> int:
         _progress(f"error: {error}")
         return 2
     settings = _settings(args, tls_ca_cert=str(tls.ca_cert) if tls and tls.ca_cert else None)
-    if not _secret_check(settings, "gateway"):
+    if not _secret_check(settings, "gateway") or not _redis_check(settings.redis_url, settings.redis_ca):
         return 2
     try:
         app, classroom = gateway_app(settings)
     except ValueError as error:
         _progress(f"error: {error}")
         return 2
-    _progress(f"gateway on {'https' if tls else 'http'}://{settings.host}:{settings.port} (jobs and rooms through {settings.redis_url})")
+    _progress(f"gateway on {'https' if tls else 'http'}://{settings.host}:{settings.port} "
+              f"(jobs and rooms through {redacted(settings.redis_url)})")
     _run_server(app, settings, args, classroom, tls)
     return 0
 
@@ -280,11 +303,14 @@ def _worker(args: argparse.Namespace) -> int:
     os.environ.setdefault("STREAMSERVER_ORT_SPIN", "0")
     from streamserver.asr import worker_process
 
+    if not _redis_check(args.redis_url, args.redis_ca):
+        return 2
     loaded = _warm_engine_and_intent(args.model, args.backend, args.threads)
     if loaded is None:
         return 2
     engine, intent = loaded
-    worker_process.main(engine, intent, args.redis_url, args.max_batch, args.name, args.metrics_host, args.metrics_port)
+    worker_process.main(engine, intent, args.redis_url, args.max_batch, args.name, args.metrics_host, args.metrics_port,
+                        args.redis_ca)
     return 0
 
 
@@ -351,7 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(handler=_gateway)
 
     w = commands.add_parser("worker", help="an ASR worker: transcribes queued utterances of every room (needs Redis)")
-    w.add_argument("--redis-url", required=True)
+    w.add_argument("--redis-url", required=True, help="redis://[user:password@]host:port, or rediss:// for TLS")
+    w.add_argument("--redis-ca", metavar="FILE", help="CA certificate of a rediss:// (TLS) Redis (default: the system's CAs)")
     w.add_argument("--model", choices=MODELS, default="tiny.en")
     w.add_argument("--backend", choices=(*ENGINES, "auto"), default="onnxruntime", help=BACKEND_HELP)
     w.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))

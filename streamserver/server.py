@@ -27,7 +27,7 @@ from streamserver.queue.sink import UtteranceSink
 
 def serve_app(settings: Settings, engine: Engine, intent: IntentClassifier | None) -> tuple[web.Application, Classroom]:
     """Everything in one process; events through Redis when settings.redis_url is set."""
-    bus = create_bus(settings.redis_url, settings.history_len)
+    bus = create_bus(settings.redis_url, settings.history_len, settings.redis_ca)
     publisher = OrderedPublisher(bus)
     metrics = Metrics()
     queue = MemoryQueue(publisher, bounds=settings.queue_bounds)
@@ -41,9 +41,10 @@ def gateway_app(settings: Settings) -> tuple[web.Application, Classroom]:
     """Recognition in `streamserver worker` processes, found through Redis."""
     if not settings.redis_url:
         raise ValueError("a gateway needs --redis-url: its workers are found through Redis")
-    bus = RedisBus(settings.redis_url, settings.history_len)
+    bus = RedisBus(settings.redis_url, settings.history_len, ca_file=settings.redis_ca)
     publisher = OrderedPublisher(bus)
-    queue = RedisQueue(settings.redis_url, history_len=settings.history_len, bounds=settings.queue_bounds)
+    queue = RedisQueue(settings.redis_url, history_len=settings.history_len, bounds=settings.queue_bounds,
+                       ca_file=settings.redis_ca)
     metrics = Metrics()
     sink = UtteranceSink(queue, publisher, metrics, settings.max_queue_wait_s)
     classroom = Classroom(settings, bus, sink, publisher, metrics)

@@ -133,3 +133,65 @@ def redis_url() -> Iterator[str]:
     """One server for the whole session; tests keep apart by using their own room ids."""
     with RedisServer() as server:
         yield server.url
+
+
+class TlsRedisServer(RedisServer):
+    """A redis-server speaking only TLS (certificates from streamserver's own classroom CA, made
+    in `tls_dir`), with the default user off and one ACL user: what an on-prem gateway's uplink
+    to a central Redis looks like. Needs a redis-server built with TLS (Debian's is)."""
+
+    USER, PASSWORD = "gateway", "uplink-password"
+
+    def __init__(self, tls_dir: Path) -> None:
+        super().__init__()
+        from streamserver.tls import self_signed
+
+        self.tls = self_signed(tls_dir)
+
+    @property
+    def url(self) -> str:
+        return f"rediss://{self.USER}:{self.PASSWORD}@127.0.0.1:{self.port}/0"
+
+    @property
+    def ca_file(self) -> str:
+        return str(self.tls.ca_cert)
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        if self.running:
+            return self
+        args = [redis_server_binary(), "--bind", "127.0.0.1", "--port", "0", "--tls-port", str(self.port),
+                "--tls-cert-file", str(self.tls.cert), "--tls-key-file", str(self.tls.key),
+                "--tls-ca-cert-file", str(self.tls.ca_cert), "--tls-auth-clients", "no", "--save", "", "--appendonly", "no",
+                "--user", "default", "off", "--user", self.USER, "on", f">{self.PASSWORD}", "~*", "&*", "+@all"]
+        self._proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        self._wait_ready(timeout_s)
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis.from_url(self.url, ssl_ca_certs=self.ca_file, socket_connect_timeout=0.5)
+        try:
+            while True:
+                assert self._proc is not None
+                if self._proc.poll() is not None:
+                    raise RuntimeError(f"redis-server exited ({self._proc.returncode}):\n{self._output()}")
+                try:
+                    if client.ping():
+                        return
+                except (RedisConnectionError, BusyLoadingError):
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop(graceful=False)
+                    raise RuntimeError(f"TLS redis-server not answering PING after {timeout_s}s:\n{self._output()}")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+
+def tls_redis_available() -> str | None:
+    """Why a TLS redis-server cannot run here, or None."""
+    binary = redis_server_binary()
+    probe = subprocess.run([binary, "--version"], capture_output=True, text=True)
+    if "v=6" in probe.stdout or "v=5" in probe.stdout or not shutil.which("redis-server"):
+        return f"{binary} is not a TLS-capable redis-server: install Debian's redis-server (make test does, as root)"
+    return None

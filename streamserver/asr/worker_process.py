@@ -11,6 +11,7 @@ from aiohttp import web
 from engines.engine import Engine
 from streamserver.asr.worker import AsrWorker, worker_name
 from streamserver.intent import IntentClassifier
+from streamserver.bus.connect import redacted
 from streamserver.metrics import CONTENT_TYPE
 from streamserver.queue.redis_queue import RedisQueue
 
@@ -36,16 +37,16 @@ def metrics_app(worker: AsrWorker) -> web.Application:
 
 async def run_worker(
     engine: Engine, intent: IntentClassifier | None, redis_url: str, max_batch: int, name: str | None,
-    metrics_host: str, metrics_port: int | None,
+    metrics_host: str, metrics_port: int | None, redis_ca: str | None = None,
 ) -> None:
-    queue = RedisQueue(redis_url, name or worker_name())
+    queue = RedisQueue(redis_url, name or worker_name(), ca_file=redis_ca)
     worker = AsrWorker(engine, queue, intent, max_batch)
     runner = None
     if metrics_port is not None:
         runner = web.AppRunner(metrics_app(worker), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, metrics_host, metrics_port).start()
-    log.info("worker %s taking jobs from %s (metrics on %s)", queue.worker, redis_url,
+    log.info("worker %s taking jobs from %s (metrics on %s)", queue.worker, redacted(redis_url),
              f"http://{metrics_host}:{metrics_port}/metrics" if metrics_port is not None else "no port")
     try:
         await worker.run()
@@ -56,8 +57,8 @@ async def run_worker(
 
 
 def main(engine: Engine, intent: IntentClassifier | None, redis_url: str, max_batch: int, name: str | None,
-         metrics_host: str, metrics_port: int | None) -> None:
+         metrics_host: str, metrics_port: int | None, redis_ca: str | None = None) -> None:
     try:
-        asyncio.run(run_worker(engine, intent, redis_url, max_batch, name, metrics_host, metrics_port))
+        asyncio.run(run_worker(engine, intent, redis_url, max_batch, name, metrics_host, metrics_port, redis_ca))
     except KeyboardInterrupt:
         pass

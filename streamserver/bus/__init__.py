@@ -54,11 +54,11 @@ class Bus(Protocol):
     async def close(self) -> None: ...
 
 
-def create_bus(redis_url: str | None, history_len: int = 500) -> Bus:
+def create_bus(redis_url: str | None, history_len: int = 500, ca_file: str | None = None) -> Bus:
     if redis_url:
         from streamserver.bus.redis import RedisBus
 
-        return RedisBus(redis_url, history_len)
+        return RedisBus(redis_url, history_len, ca_file=ca_file)
     from streamserver.bus.memory import MemoryBus
 
     return MemoryBus(history_len)

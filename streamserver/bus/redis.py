@@ -15,11 +15,11 @@ import contextlib
 import logging
 from typing import AsyncIterator
 
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import RedisError
 
+from streamserver.bus.connect import redis_client
 from streamserver.bus.keys import HISTORY_FIELD, history_key, meta_key, room_channel, seat_keys
 
 log = logging.getLogger(__name__)
@@ -109,14 +109,16 @@ class RedisBus:
         backoff_min_s: float = 0.1,
         backoff_max_s: float = 5.0,
         poll_s: float = 1.0,
+        ca_file: str | None = None,
     ) -> None:
         self._history_len = history_len
         self._backoff_min_s = backoff_min_s
         self._backoff_max_s = backoff_max_s
         self._poll_s = poll_s  # how soon a subscriber notices close()
         self._closed = False
-        self._redis = aioredis.Redis.from_url(
+        self._redis = redis_client(
             url,
+            ca_file,
             decode_responses=True,
             # A publish on a dead server should fail within about a second, not stall the ASR
             # worker for redis-py's default 10 retries: the caller decides what to do on BusError.

@@ -14,11 +14,11 @@ import logging
 import time
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ResponseError
 
+from streamserver.bus.connect import redis_client
 from streamserver.bus.keys import (
     BACKLOG, HISTORY_FIELD, JOB_GROUP, JOBS, WORKERS, alive_key, attempts_key, backlog_fields, done_key, history_key, room_channel,
 )
@@ -73,7 +73,7 @@ class RedisQueue:
     # has read (its next batch), not across the whole backlog.
     fair = False
     def __init__(self, url: str, worker: str | None = None, *, visibility_s: float = 30.0, history_len: int = 500,
-                 bounds: Bounds = Bounds()) -> None:
+                 bounds: Bounds = Bounds(), ca_file: str | None = None) -> None:
         self.worker = worker
         self.bounds = bounds
         self.visibility_ms = int(visibility_s * 1000)
@@ -81,10 +81,10 @@ class RedisQueue:
         # Binary replies: the audio field is bytes. A few quick retries get a pooled connection
         # that a Redis restart closed replaced at once; a job sent twice that way is still
         # published once (the done key).
-        self.redis = aioredis.Redis.from_url(
+        self.redis = redis_client(
             # socket_timeout: a half-open connection must fail, not hang a worker or a gateway
             # for hours (reads block at most 200 ms by design).
-            url, decode_responses=False, socket_connect_timeout=5, socket_timeout=5, socket_keepalive=True,
+            url, ca_file, decode_responses=False, socket_connect_timeout=5, socket_timeout=5, socket_keepalive=True,
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=3),
         )
         self._complete = self.redis.register_script(_COMPLETE)
