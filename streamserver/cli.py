@@ -283,7 +283,7 @@ def _gateway(args: argparse.Namespace) -> int:
     except ValueError as error:
         _progress(f"error: {error}")
         return 2
-    settings = _settings(args, tls_ca_cert=str(tls.ca_cert) if tls and tls.ca_cert else None)
+    settings = _settings(args, tls_ca_cert=str(tls.ca_cert) if tls and tls.ca_cert else None, spool_dir=args.spool_dir)
     if not _secret_check(settings, "gateway") or not _redis_check(settings.redis_url, settings.redis_ca):
         return 2
     try:
@@ -374,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = commands.add_parser("gateway", help="students' audio and the rooms' API, with ASR in worker processes (needs Redis)")
     _add_server_options(g, gateway=True)
+    g.add_argument("--spool-dir", metavar="DIR",
+                   help="keep utterances the job queue cannot take (Redis unreachable) on disk here, fsync'd, and queue "
+                        "them in order when it returns, also after a restart (default: retry in memory for 120 s)")
     g.set_defaults(handler=_gateway)
 
     w = commands.add_parser("worker", help="an ASR worker: transcribes queued utterances of every room (needs Redis)")

@@ -23,7 +23,8 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     redis_url: str | None = None  # redis:// or rediss:// (TLS), an ACL user in it
-    redis_ca: str | None = None  # CA file for a rediss:// server's certificate (default: the system's)
+    redis_ca: str | None = None
+    spool_dir: str | None = None  # gateway: utterances the job queue cannot take wait here, on disk  # CA file for a rediss:// server's certificate (default: the system's)
     model: str = "tiny.en"
     backend: str = "onnxruntime"  # or tensorrt, torch-cuda, auto (engines.loading.load_engine)
     threads: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))

@@ -8,6 +8,8 @@ Batching, retries, events and metrics are the same code in both; only the queue 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from aiohttp import web
 
 from engines.engine import Engine
@@ -23,6 +25,7 @@ from streamserver.metrics import Metrics
 from streamserver.queue.memory_queue import MemoryQueue
 from streamserver.queue.redis_queue import RedisQueue
 from streamserver.queue.sink import UtteranceSink
+from streamserver.queue.spool import Spool
 
 
 def serve_app(settings: Settings, engine: Engine, intent: IntentClassifier | None) -> tuple[web.Application, Classroom]:
@@ -46,6 +49,7 @@ def gateway_app(settings: Settings) -> tuple[web.Application, Classroom]:
     queue = RedisQueue(settings.redis_url, history_len=settings.history_len, bounds=settings.queue_bounds,
                        ca_file=settings.redis_ca)
     metrics = Metrics()
-    sink = UtteranceSink(queue, publisher, metrics, settings.max_queue_wait_s)
+    spool = Spool(Path(settings.spool_dir)) if settings.spool_dir else None
+    sink = UtteranceSink(queue, publisher, metrics, settings.max_queue_wait_s, spool)
     classroom = Classroom(settings, bus, sink, publisher, metrics)
     return create_app(classroom), classroom

@@ -13,6 +13,7 @@ from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import Utterance, UtteranceDropped, UtteranceQueued
 from streamserver.metrics import Metrics
 from streamserver.queue.base import UNREACHABLE, QueueFull, UtteranceQueue
+from streamserver.queue.spool import Spool, SpoolError
 
 log = logging.getLogger(__name__)
 RETRY_FOR_S = 120.0  # the queue unreachable longer than this: the utterance is dropped, loudly
@@ -24,8 +25,13 @@ class Busy(RuntimeError):
 
 
 class UtteranceSink:
-    def __init__(self, queue: UtteranceQueue, publisher: OrderedPublisher, metrics: Metrics, max_wait_s: float = 5.0) -> None:
+    def __init__(self, queue: UtteranceQueue, publisher: OrderedPublisher, metrics: Metrics, max_wait_s: float = 5.0,
+                 spool: Spool | None = None) -> None:
         self.queue, self.publisher, self.metrics, self.max_wait_s = queue, publisher, metrics, max_wait_s
+        # With a spool, an utterance the queue cannot take is kept on disk (in order, through a
+        # restart) instead of being retried in memory for RETRY_FOR_S and then dropped.
+        self.spool = spool
+        self._drainer: asyncio.Task | None = None
         self._full: dict[str, float] = {}  # room ("" for the whole queue) -> monotonic time its bound was hit
         self._tasks: set[asyncio.Task] = set()
         self._busy: dict[str | None, tuple[float, str | None]] = {}  # room -> (checked at, reason)
@@ -33,9 +39,15 @@ class UtteranceSink:
         self.queued = 0
         self.dropped = 0
 
+    def start(self) -> None:
+        if self.spool is not None and self.spool.pending():  # left by a gateway that stopped
+            self._drain()
+
     async def stop(self) -> None:
         if self._tasks:  # utterances on their way to the queue: give them a moment
             await asyncio.wait(self._tasks, timeout=5)
+        if self._drainer is not None:
+            self._drainer.cancel()
         await self.queue.close()
 
     def submit(self, u: Utterance) -> None:
@@ -45,6 +57,9 @@ class UtteranceSink:
         task.add_done_callback(self._tasks.discard)
 
     async def _send(self, u: Utterance) -> None:
+        if self._drainer is not None and not self._drainer.done():  # the spool goes first: order is kept
+            await self._to_spool(u)
+            return
         deadline, delay = time.monotonic() + RETRY_FOR_S, 0.1
         while True:
             try:
@@ -54,6 +69,10 @@ class UtteranceSink:
                 await self._refused(u, error)
                 return
             except UNREACHABLE as error:
+                if self.spool is not None:
+                    log.warning("queue unreachable (%s): utterance %s spooled", error, u.utterance_id)
+                    await self._to_spool(u)
+                    return
                 if time.monotonic() > deadline:
                     self.dropped += 1
                     log.error("utterance %s of room %s dropped: the queue was unreachable for %.0fs (%s)",
@@ -63,6 +82,43 @@ class UtteranceSink:
                 delay = min(delay * 2, 2.0)
         self.queued += 1
         await self.publisher.publish(UtteranceQueued.of(u))  # a lost notice loses no speech
+
+    async def _to_spool(self, u: Utterance) -> None:
+        assert self.spool is not None
+        await asyncio.to_thread(self.spool.put, u)  # fsync: off the event loop
+        self.metrics.utterances.labels(outcome="spooled").inc()
+        self._drain()
+
+    def _drain(self) -> None:
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.get_running_loop().create_task(self._drain_spool(), name="spool-drain")
+
+    async def _drain_spool(self) -> None:
+        """Queue the spooled utterances, oldest first, as soon as the queue takes them again."""
+        assert self.spool is not None
+        delay = 0.2
+        while paths := await asyncio.to_thread(self.spool.pending):
+            path = paths[0]
+            try:
+                u = await asyncio.to_thread(self.spool.load, path)
+            except (SpoolError, OSError) as error:
+                log.error("setting aside spool file %s: %s", path.name, error)
+                await asyncio.to_thread(self.spool.set_aside, path)
+                continue
+            try:
+                await self.queue.submit(u)
+            except QueueFull as error:
+                await self._refused(u, error)
+            except UNREACHABLE:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            else:
+                self.queued += 1
+                await self.publisher.publish(UtteranceQueued.of(u))
+            await asyncio.to_thread(self.spool.remove, path)
+            delay = 0.2
+        log.info("spool drained")
 
     async def _refused(self, u: Utterance, error: QueueFull) -> None:
         self.dropped += 1
