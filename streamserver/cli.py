@@ -17,6 +17,8 @@ from engines.graphs import DEFAULT_PRECISION, PRECISIONS
 from streamserver.loadsim import cli as loadsim_cli
 from engines.policy import POLICIES
 from engines.weights import MODELS as PACKAGED_MODELS
+from streamserver import __version__
+from streamserver.cli_env import configure_logging, defaults_from_env
 
 MODELS = tuple(PACKAGED_MODELS)
 
@@ -118,7 +120,13 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
         p.add_argument("--redis-url", help="route events through Redis pub/sub (default: embedded in-process bus)")
     p.add_argument("--ice-host", action="append", metavar="ADDR",
                    help="host candidate address (repeatable; 127.0.0.1 also allows students' loopback candidates)")
-    p.add_argument("--ice-server", action="append", metavar="URL", help="STUN/TURN server URL (repeatable; none by default)")
+    p.add_argument("--ice-server", action="append", metavar="URL",
+                   help="STUN/TURN server URL for the students' browsers (repeatable; none by default), e.g. "
+                        "turn:host:3478?transport=udp")
+    p.add_argument("--ice-username", metavar="U", help="the TURN servers' username")
+    p.add_argument("--ice-credential", metavar="C", help="the TURN servers' credential")
+    p.add_argument("--ice-servers-file", metavar="FILE", type=Path,
+                   help='ICE servers as JSON: [{"urls": [...], "username": ..., "credential": ...}], as RTCPeerConnection takes them')
     p.add_argument("--ice-allow", action="append", metavar="CIDR", type=_network,
                    help="networks students' ICE candidates may be on (repeatable; default: any routable address, "
                         "no loopback or link-local)")
@@ -146,6 +154,27 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
                    help="serve HTTPS with a classroom CA made once in DIR (and reused) and a certificate for this "
                         "machine's names and LAN addresses; the CA is offered at /ca.crt, instructions at /ca")
     _add_vad_options(p)
+
+
+def _ice_servers(args: argparse.Namespace) -> list[dict]:
+    """--ice-server URLs (TURN ones with --ice-username/--ice-credential) and --ice-servers-file."""
+    servers: list[dict] = []
+    for url in args.ice_server or []:
+        server: dict = {"urls": [url]}
+        if url.startswith(("turn:", "turns:")) and args.ice_username:
+            server.update(username=args.ice_username, credential=args.ice_credential or "")
+        servers.append(server)
+    if args.ice_servers_file:
+        try:
+            listed = json.loads(args.ice_servers_file.read_text())
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"streamserver: error: --ice-servers-file {args.ice_servers_file}: {error}") from None
+        if not isinstance(listed, list) or not all(isinstance(s, dict) and s.get("urls") for s in listed):
+            raise SystemExit(f"streamserver: error: --ice-servers-file {args.ice_servers_file}: a JSON list of "
+                             '{"urls": [...], "username", "credential"} objects')
+        servers += [{"urls": s["urls"] if isinstance(s["urls"], list) else [s["urls"]],
+                     **{k: s[k] for k in ("username", "credential") if k in s}} for s in listed]
+    return servers
 
 
 def _network(text: str) -> str:
@@ -183,7 +212,7 @@ def _settings(args: argparse.Namespace, **extra: object):  # noqa: ANN202 - lazy
     total, room, student = args.max_queued
     return Settings(
         host=args.host, port=args.port, redis_url=args.redis_url, ice_hosts=args.ice_host or [],
-        ice_servers=[{"urls": [u]} for u in args.ice_server or []], ice_allow=args.ice_allow or [],
+        ice_servers=_ice_servers(args), ice_allow=args.ice_allow or [],
         max_students=args.max_students, public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms,
         max_queue_wait_s=args.max_queue_wait, queue_bounds=Bounds(total, room, student), max_audio_rate=args.max_audio_rate,
         token_ttl_s=int(args.link_ttl), room_idle_ttl_s=args.room_idle_expiry, redis_ca=args.redis_ca, **extra,
@@ -345,7 +374,13 @@ BACKEND_HELP = "auto: tensorrt, else torch-cuda, else onnxruntime (the CPU defau
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streamserver", description="Real-time voice server for live online classrooms.")
+    parser = argparse.ArgumentParser(
+        prog="streamserver", description="Real-time voice server for live online classrooms. Every option can also be "
+        "given as the environment variable STREAMSERVER_<OPTION> (e.g. STREAMSERVER_REDIS_URL); a flag wins.")
+    parser.add_argument("--version", action="version", version=f"streamserver {__version__}")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-format", default="text", choices=("text", "json"),
+                        help="text lines, or one JSON object a line (ts, level, logger, message); tokens are redacted")
     commands = parser.add_subparsers(dest="command", required=True)
     t = commands.add_parser("transcribe", help="transcribe audio files (any format PyAV reads)")
     t.add_argument("files", nargs="+", metavar="FILE")
@@ -407,6 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="streamserver: %(message)s")
+    parser = build_parser()
+    defaults_from_env(parser)
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
     return int(args.handler(args))

@@ -1,0 +1,94 @@
+"""Operating the command line: every flag also an environment variable, and the log format.
+
+A container is configured by its environment (compose files, orchestrators): each option of a
+command can be given as STREAMSERVER_<OPTION>, e.g. `--redis-url` as STREAMSERVER_REDIS_URL and
+`--max-queued 2000 200 8` as STREAMSERVER_MAX_QUEUED="2000 200 8". A flag on the command line
+wins over the environment. Logs are text or JSON lines, with time and level, and never carry a
+token: a `token=` in any message (a URL's query) is redacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import time
+
+PREFIX = "STREAMSERVER_"
+# Variables the code reads for itself (secrets, caches, tuning); not flags.
+OWN = {"STREAMSERVER_ADMIN_TOKEN", "STREAMSERVER_SECRET", "STREAMSERVER_CACHE", "STREAMSERVER_ORT_SPIN",
+       "STREAMSERVER_TORCH_COMPILE", "STREAMSERVER_MODEL_DIRS"}
+
+
+def env_name(action: argparse.Action) -> str:
+    return PREFIX + action.dest.upper()
+
+
+def defaults_from_env(parser: argparse.ArgumentParser, environ: dict[str, str] | None = None) -> None:
+    """Set each option's default from its environment variable, converted as the flag would be;
+    a bad value is a usage error naming the variable. Recurses into subcommands."""
+    environ = dict(os.environ if environ is None else environ)
+    for action in parser._actions:  # argparse keeps no public list of them
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                defaults_from_env(sub, environ)
+            continue
+        if not action.option_strings or action.dest in ("help", "version"):
+            continue
+        name = env_name(action)
+        if name not in environ:
+            continue
+        action.default = _convert(parser, action, name, environ[name])
+        action.required = False
+        if action.help and "env:" not in action.help:
+            action.help += f" (env: {name})"
+
+
+def _convert(parser: argparse.ArgumentParser, action: argparse.Action, name: str, text: str) -> object:
+    if isinstance(action, argparse._StoreTrueAction):
+        return text.strip().lower() in ("1", "true", "yes", "on")
+    convert = action.type or str
+    words = text.split() if action.nargs not in (None, "?") or isinstance(action, argparse._AppendAction) else [text]
+    try:
+        values = [convert(word) for word in words]  # type: ignore[operator]
+    except (ValueError, TypeError, argparse.ArgumentTypeError) as error:
+        parser.error(f"{name}={text!r}: {error}")
+    if action.choices is not None and any(v not in action.choices for v in values):
+        parser.error(f"{name}={text!r}: choose from {', '.join(map(str, action.choices))}")
+    if isinstance(action, argparse._AppendAction) or action.nargs not in (None, "?"):
+        return values
+    return values[0]
+
+
+_TOKEN = re.compile(r"(token=)[^&\s\"']+")
+
+
+class Redacting(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "token=" in message:
+            record.msg, record.args = _TOKEN.sub(r"\1<redacted>", message), ()
+        return True
+
+
+class JsonLines(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+                "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler()
+    handler.addFilter(Redacting())
+    if fmt == "json":
+        handler.setFormatter(JsonLines())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -1,0 +1,57 @@
+"""Operating the command line (issue 14): every flag also STREAMSERVER_<OPTION>, --version,
+JSON logs with the tokens redacted, TURN servers with credentials."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from streamserver import __version__, cli
+from streamserver.cli_env import JsonLines, Redacting, defaults_from_env
+
+
+def parse(environ: dict[str, str], argv: list[str]):  # noqa: ANN201 - a Namespace
+    parser = cli.build_parser()
+    defaults_from_env(parser, environ)
+    return parser.parse_args(argv)
+
+
+def test_every_flag_is_also_an_environment_variable():
+    args = parse({"STREAMSERVER_REDIS_URL": "redis://central:6379/0", "STREAMSERVER_MAX_QUEUED": "10 5 2",
+                  "STREAMSERVER_ICE_SERVER": "stun:a:3478 turn:b:3478", "STREAMSERVER_PORT": "9000",
+                  "STREAMSERVER_VAD_HANGOVER_MS": "300"}, ["gateway"])
+    assert (args.redis_url, args.max_queued, args.port, args.vad_hangover_ms) == ("redis://central:6379/0", [10, 5, 2], 9000, 300)
+    assert args.ice_server == ["stun:a:3478", "turn:b:3478"]
+    assert parse({"STREAMSERVER_PORT": "9000"}, ["gateway", "--redis-url", "redis://x", "--port", "7000"]).port == 7000  # a flag wins
+
+
+def test_a_bad_environment_value_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse({"STREAMSERVER_VAD_HANGOVER_MS": "5"}, ["gateway", "--redis-url", "redis://x"])
+    assert exit_.value.code == 2 and "STREAMSERVER_VAD_HANGOVER_MS" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert capsys.readouterr().out.strip() == f"streamserver {__version__}"
+
+
+def test_json_logs_have_time_and_level_and_no_token():
+    record = logging.LogRecord("streamserver.x", logging.WARNING, __file__, 1, "joined via %s", ("/ws/ingest?token=abc.def&name=Ann",), None)
+    Redacting().filter(record)
+    line = json.loads(JsonLines().format(record))
+    assert line["level"] == "warning" and line["ts"].endswith("Z") and "abc.def" not in line["message"]
+    assert "token=<redacted>&name=Ann" in line["message"]
+
+
+def test_turn_servers_carry_their_credentials(tmp_path):
+    listed = tmp_path / "ice.json"
+    listed.write_text(json.dumps([{"urls": "turns:relay.school:5349", "username": "u2", "credential": "c2"}]))
+    args = parse({}, ["serve", "--ice-server", "stun:s:3478", "--ice-server", "turn:t:3478?transport=udp",
+                      "--ice-username", "u", "--ice-credential", "c", "--ice-servers-file", str(listed)])
+    assert cli._ice_servers(args) == [{"urls": ["stun:s:3478"]},
+                                      {"urls": ["turn:t:3478?transport=udp"], "username": "u", "credential": "c"},
+                                      {"urls": ["turns:relay.school:5349"], "username": "u2", "credential": "c2"}]
