@@ -170,7 +170,7 @@ class Classroom:
         key = (room.room_id, student_id)
         try:
             pc, answer_sdp = await webrtc.answer(
-                offer_sdp, self.settings.ice_servers, audio.push_frame, lambda: self._ended(room, student_id, audio),
+                offer_sdp, self.settings.ice_servers, audio.push_pcm16, lambda: self._ended(room, student_id, audio),
                 self.candidates,
             )
         except BaseException:

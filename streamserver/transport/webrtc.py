@@ -1,4 +1,4 @@
-"""WebRTC termination with aiortc: a student's SDP offer in, an answer out, audio frames to a sink.
+"""WebRTC termination with aiortc: a student's SDP offer in, an answer out, 16 kHz PCM to a sink.
 
 aiortc does no trickle ICE: the browser sends its offer after gathering completes, and our
 answer carries all our candidates. Left alone, aiortc asks a public STUN server and aioice leaves
@@ -12,16 +12,18 @@ import logging
 from typing import Callable
 
 import aioice.ice
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+import numpy as np
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
 
 from streamserver.audio.pacing import TooFast
+from streamserver.transport import rtp_audio
 from streamserver.transport.candidates import CandidatePolicy, TooManyCandidates, filter_offer
 
 log = logging.getLogger(__name__)
 for _noisy in ("aioice", "aiortc"):  # aioice logs every ICE check at INFO: lines per offer, per pair
     logging.getLogger(_noisy).setLevel(logging.WARNING)
 _default_host_addresses = aioice.ice.get_host_addresses
+_closing: set[asyncio.Task] = set()  # peers being closed for pacing (a task needs a reference until it is done)
 
 
 class OfferError(ValueError):
@@ -46,15 +48,22 @@ def ice_configuration(servers: list[dict]) -> RTCConfiguration:
     )
 
 
+def _opus_only() -> list:
+    """aiortc's Opus capability: the one codec a student's audio may use (browsers send Opus; the
+    receiver decodes nothing else)."""
+    return [c for c in RTCRtpReceiver.getCapabilities("audio").codecs if c.mimeType.lower() == "audio/opus"]
+
+
 async def answer(
     offer_sdp: str,
     ice_servers: list[dict],
-    on_frame: Callable[[object], None],
+    on_pcm: Callable[[np.ndarray], None],
     on_end: Callable[[], None],
     candidates: CandidatePolicy = CandidatePolicy(),
 ) -> tuple[RTCPeerConnection, str]:
-    """Accept an audio offer; every received frame goes to on_frame, on_end when it stops.
-    Only the offer's allowed ICE candidates are contacted (transport/candidates.py)."""
+    """Accept an audio offer; the student's audio goes to on_pcm as 16 kHz mono int16 as its
+    packets arrive (transport/rtp_audio.py), on_end once when it stops. on_pcm raising TooFast
+    closes the peer. Only the offer's allowed ICE candidates are contacted (transport/candidates.py)."""
     if "m=audio" not in offer_sdp:
         raise OfferError("the offer has no audio")
     try:
@@ -62,10 +71,11 @@ async def answer(
     except TooManyCandidates as error:
         raise OfferError(str(error)) from None
     pc = RTCPeerConnection(ice_configuration(ice_servers))
+    # Made before the offer is applied, so that its first audio line lands on it: receive-only,
+    # Opus only, its receiver decoding in the event loop.
+    audio = pc.addTransceiver("audio", direction="recvonly")
+    audio.setCodecPreferences(_opus_only())
     ended = False
-    # Kept, and cancelled with the peer: a pump whose track never delivers (a peer closed before
-    # its receiver started) would otherwise wait forever.
-    pumps: set[asyncio.Task] = set()
 
     def finish() -> None:
         nonlocal ended
@@ -73,49 +83,31 @@ async def answer(
             ended = True
             on_end()
 
-    def stop_pumps() -> None:
-        for task in pumps:
-            if task is not asyncio.current_task():
-                task.cancel()
+    def refused(error: BaseException) -> None:
+        if isinstance(error, TooFast):  # a peer sending faster than anyone speaks is cut off
+            log.warning("closing a WebRTC peer: %s", error)
+            receiver._enabled = False  # aiortc's own switch: later packets are dropped
+            closing = asyncio.get_running_loop().create_task(pc.close())  # not awaited here: this runs in its transport
+            _closing.add(closing)
+            closing.add_done_callback(_closing.discard)
+        else:  # a bad packet costs that packet, never the room
+            log.error("dropping audio that could not be processed", exc_info=error)
 
-    @pc.on("track")
-    def on_track(track: MediaStreamTrack) -> None:
-        if track.kind == "audio":
-            task = asyncio.get_running_loop().create_task(_pump(track, on_frame, finish, pc))
-            pumps.add(task)
-            task.add_done_callback(pumps.discard)
+    receiver = rtp_audio.install(audio.receiver, on_pcm, finish, refused)
 
     @pc.on("connectionstatechange")
     async def on_state() -> None:
         if pc.connectionState in ("failed", "closed"):
             await pc.close()
-            stop_pumps()
             finish()
 
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        for other in pc.getTransceivers():  # video, a second audio track: answered, never received
+            if other is not audio:
+                other.direction = "inactive"
         await pc.setLocalDescription(await pc.createAnswer())
     except Exception as error:  # aiortc raises ValueError, KeyError ... on bad SDP
         await pc.close()
-        stop_pumps()
         raise OfferError(f"cannot use this offer: {error or type(error).__name__}") from None
     return pc, pc.localDescription.sdp
-
-
-async def _pump(track: MediaStreamTrack, on_frame: Callable[[object], None], on_end: Callable[[], None],
-                pc: RTCPeerConnection) -> None:
-    try:
-        while True:
-            frame = await track.recv()
-            try:
-                on_frame(frame)
-            except TooFast as error:  # a peer sending faster than anyone speaks is cut off
-                log.warning("closing a WebRTC peer: %s", error)
-                await pc.close()
-                return
-            except Exception:  # a bad frame costs that frame, never the room
-                log.exception("dropping an audio frame that could not be processed")
-    except MediaStreamError:
-        pass
-    finally:
-        on_end()

@@ -1,0 +1,285 @@
+"""A student's WebRTC audio from RTP packet to 16 kHz PCM in the event loop, without aiortc's
+decoder thread.
+
+aiortc's RTCRtpReceiver hands every packet to a thread of its own per track, which decodes Opus
+to 48 kHz stereo and hands each frame back to the event loop; the server then resampled it to
+16 kHz mono. At 20 ms packets that is two thread hand-offs, a resampler run and a handful of
+Python objects per packet per student: most of a gateway's CPU. Here aiortc keeps signalling,
+ICE, DTLS, SRTP and RTCP; its receiver's RTP handler is replaced (AudioReceiver, installed with
+install() on the receiver of the student's audio before it starts) by one that puts the packet
+in sequence order (Reorder) and decodes it at once with libopus, at 16 kHz mono (OpusDecoder16k:
+Opus decodes at 16 kHz natively; FFmpeg's libopus wrapper, which is all PyAV exposes, always
+decodes at 48 kHz).
+
+A lost packet keeps its place on the timeline: libopus conceals it (in-band FEC from the next
+packet when it carries it, else packet loss concealment), a longer gap in the RTP timestamps
+(a sender's discontinuous transmission) becomes silence, so the VAD sees the stream's own
+timeline and an utterance ends after the same hangover as over the WebSocket ingest.
+
+This relies on aiortc internals: the names in AIORTC_INTERNALS, checked against the pinned
+aiortc (pyproject.toml) by tests/test_rtp_audio.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import functools
+import logging
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from aiortc import RTCRtpReceiver
+from aiortc.rtcrtpreceiver import StreamStatistics
+from aiortc.rtp import RtcpByePacket, RtpPacket
+
+log = logging.getLogger(__name__)
+
+RATE = 16_000  # what the VAD takes; libopus decodes to it directly
+RTP_RATE = 48_000  # Opus's RTP clock, whatever the sample rate decoded
+TICKS_PER_SAMPLE = RTP_RATE // RATE
+MAX_FRAME = RATE * 120 // 1000  # the longest Opus packet: 120 ms
+STEP = RATE // 400  # 2.5 ms, Opus's shortest frame
+MAX_CONCEALED = RATE * 120 // 1000  # longer gaps are silence: concealment fades out within ~100 ms
+MAX_GAP = RATE * 2  # the most silence put in for a gap; a longer jump in timestamps resynchronises
+HOLD = 3  # packets held after a missing one (60 ms at 20 ms) before it is given up as lost
+MAX_JUMP = 1000  # sequence numbers: a larger jump is a new start, not a loss
+OPUS_OK = 0
+
+# (class, attribute) pairs of aiortc this module reads or writes; the test fails if one goes.
+AIORTC_INTERNALS = (
+    (RTCRtpReceiver, "_RTCRtpReceiver__codecs"),
+    (RTCRtpReceiver, "_RTCRtpReceiver__remote_streams"),
+    (RTCRtpReceiver, "_RTCRtpReceiver__rtcp_task"),
+    (RTCRtpReceiver, "_RTCRtpReceiver__started"),
+    (RTCRtpReceiver, "_RTCRtpReceiver__decoder_thread"),
+    (RTCRtpReceiver, "_track"),
+    (RTCRtpReceiver, "_enabled"),
+)
+
+
+class OpusError(ValueError):
+    """libopus refused a packet (corrupt or not Opus)."""
+
+
+def _libopus_paths() -> list[str]:
+    """The libopus PyAV ships (it links FFmpeg against it), then the system's."""
+    import av
+
+    package = Path(av.__file__).resolve().parent
+    found = [str(p) for folder in (package.parent / "av.libs", package / ".dylibs")
+             for p in sorted(folder.glob("*opus*")) if p.is_file()]
+    system = ctypes.util.find_library("opus")
+    return found + ([system] if system else [])
+
+
+@functools.cache
+def libopus() -> ctypes.CDLL | None:
+    for path in _libopus_paths():
+        try:
+            lib = ctypes.CDLL(path)
+            lib.opus_decoder_create.restype = ctypes.c_void_p
+            lib.opus_decoder_create.argtypes = [ctypes.c_int32, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+            lib.opus_decode.restype = ctypes.c_int
+            lib.opus_decode.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int,
+                                        ctypes.c_int]
+            lib.opus_decoder_destroy.restype = None
+            lib.opus_decoder_destroy.argtypes = [ctypes.c_void_p]
+            return lib
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+class OpusDecoder16k:
+    """One per stream (Opus carries state from packet to packet): packets in, 16 kHz mono int16
+    out, and the audio of lost packets concealed."""
+
+    def __init__(self) -> None:
+        lib = libopus()
+        if lib is None:
+            raise RuntimeError("no libopus found (PyAV's wheel ships one; or install the system's libopus)")
+        error = ctypes.c_int()
+        self._lib = lib
+        self._state = lib.opus_decoder_create(RATE, 1, ctypes.byref(error))
+        if error.value != OPUS_OK or not self._state:
+            raise RuntimeError(f"opus_decoder_create failed ({error.value})")
+        self._out = np.zeros(MAX_FRAME, np.int16)
+        self._out_ptr = self._out.ctypes.data
+
+    def decode(self, payload: bytes) -> np.ndarray:
+        n = self._lib.opus_decode(self._state, payload, len(payload), self._out_ptr, MAX_FRAME, 0)
+        if n < 0:
+            raise OpusError(f"not an Opus packet (libopus error {n})")
+        return self._out[:n].copy()
+
+    def conceal(self, samples: int, next_payload: bytes | None = None) -> np.ndarray:
+        """`samples` (at most MAX_CONCEALED) of audio for packets that never came: libopus's
+        loss concealment, ending with the in-band FEC of `next_payload` (the packet after them)
+        where it carries one."""
+        step = min(samples, MAX_CONCEALED) // STEP * STEP  # Opus conceals whole 2.5 ms steps
+        n = 0
+        if step:
+            data = next_payload or None
+            n = max(0, self._lib.opus_decode(self._state, data, len(data) if data else 0, self._out_ptr, step, int(data is not None)))
+        out = np.zeros(samples, np.int16)
+        out[:n] = self._out[:n]
+        return out
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", None):
+            self._lib.opus_decoder_destroy(self._state)
+            self._state = None
+
+
+class Reorder:
+    """Packets of one stream (sequence number, RTP timestamp, payload) to 16 kHz PCM in order.
+
+    A packet that comes early waits for the ones before it, at most HOLD packets; then those are
+    lost and concealed. A packet that comes after its place was concealed, and a duplicate, are
+    dropped. Gaps in the timestamps (a lost packet, or a sender pausing) are filled up to
+    MAX_GAP, so that the PCM follows the sender's clock."""
+
+    def __init__(self, on_pcm: Callable[[np.ndarray], None], decoder: OpusDecoder16k | None = None) -> None:
+        self.on_pcm = on_pcm
+        self.decoder = decoder or OpusDecoder16k()
+        self._next_seq: int | None = None
+        self._end_ts = 0  # RTP timestamp where the audio handed on so far ends
+        self._held: dict[int, tuple[int, bytes]] = {}
+        self.late = self.concealed = self.bad = 0  # packets, for tests and logs
+
+    def add(self, seq: int, ts: int, payload: bytes) -> None:
+        if self._next_seq is None:
+            self._next_seq, self._end_ts = seq, ts
+        ahead = (seq - self._next_seq) & 0xFFFF
+        if ahead == 0:
+            self._play(ts, payload)
+            if self._held:
+                self._drain()
+        elif ahead >= 0x8000:  # behind: its place is already filled
+            self.late += 1
+        elif ahead > MAX_JUMP:  # the sender started over: a new timeline
+            self._held.clear()
+            self._next_seq, self._end_ts = seq, ts
+            self._play(ts, payload)
+        else:
+            self._held[seq] = (ts, payload)
+            if len(self._held) > HOLD:
+                self._next_seq = min(self._held, key=lambda s: (s - self._next_seq) & 0xFFFF)
+                self._drain()
+
+    def flush(self) -> None:
+        """The stream ended: what is held is played, gaps concealed."""
+        while self._held:
+            self._next_seq = min(self._held, key=lambda s: (s - self._next_seq) & 0xFFFF)
+            self._drain()
+
+    def _drain(self) -> None:
+        while (held := self._held.pop(self._next_seq, None)) is not None:
+            self._play(*held)
+
+    def _play(self, ts: int, payload: bytes) -> None:
+        assert self._next_seq is not None
+        self._next_seq = (self._next_seq + 1) & 0xFFFF
+        ticks = (ts - self._end_ts) & 0xFFFFFFFF
+        filler = None
+        if 0 < ticks < 1 << 31:  # a gap before this packet (a step back is a sender's glitch: nothing to fill)
+            self.concealed += 1
+            gap = min(ticks // TICKS_PER_SAMPLE, MAX_GAP)
+            # concealed before this packet is decoded: libopus's state goes on from the concealed audio
+            filler = self.decoder.conceal(gap, payload) if gap <= MAX_CONCEALED else np.zeros(gap, np.int16)
+            self._end_ts = ts
+        try:
+            pcm = self.decoder.decode(payload) if payload else None
+        except OpusError:
+            self.bad += 1  # its own time is filled when the next packet comes
+            pcm = None
+        if pcm is not None:
+            self._end_ts = (ts + pcm.size * TICKS_PER_SAMPLE) & 0xFFFFFFFF
+            pcm = pcm if filler is None else np.concatenate([filler, pcm])  # one hand-off, not two
+        else:
+            pcm = filler
+        if pcm is not None and pcm.size:
+            self.on_pcm(pcm)
+
+
+class AudioReceiver(RTCRtpReceiver):
+    """aiortc's receiver for one student's audio, decoding in the event loop: no decoder thread,
+    no decoded frames through the track. RTCP (receiver reports, BYE), stats and stopping stay
+    aiortc's. Installed with install(); never constructed."""
+
+    _reorder: Reorder
+    _on_end: Callable[[], None]
+    _on_error: Callable[[BaseException], None]
+    _ended: bool
+
+    async def receive(self, parameters) -> None:  # noqa: ANN001 - aiortc's RTCRtpReceiveParameters
+        """aiortc's receive() without its decoder thread: the codecs, the transport's routing and RTCP."""
+        if self._RTCRtpReceiver__started:
+            return
+        for codec in parameters.codecs:
+            self._RTCRtpReceiver__codecs[codec.payloadType] = codec
+        self.transport._register_rtp_receiver(self, parameters)
+        self._RTCRtpReceiver__rtcp_task = asyncio.ensure_future(self._run_rtcp())
+        self._RTCRtpReceiver__started = True
+
+    async def _handle_rtp_packet(self, packet: RtpPacket, arrival_time_ms: int) -> None:
+        if not self._enabled or self._ended:
+            return
+        codec = self._RTCRtpReceiver__codecs.get(packet.payload_type)
+        if codec is None:
+            return
+        streams = self._RTCRtpReceiver__remote_streams
+        stats = streams.get(packet.ssrc)
+        if stats is None:
+            stats = streams[packet.ssrc] = StreamStatistics(codec.clockRate)
+        stats.add(packet)  # for the receiver reports aiortc sends the student
+        try:
+            self._reorder.add(packet.sequence_number, packet.timestamp, packet.payload)
+        except Exception as error:  # noqa: BLE001 - the audio's consumer refused it (TooFast) or failed
+            self._on_error(error)
+
+    async def _handle_rtcp_packet(self, packet) -> None:  # noqa: ANN001 - aiortc's RTCP packet types
+        await super()._handle_rtcp_packet(packet)
+        if isinstance(packet, RtcpByePacket):
+            self._end()
+
+    def _handle_disconnect(self) -> None:
+        super()._handle_disconnect()
+        self._end()
+
+    async def stop(self) -> None:
+        await super().stop()
+        self._end()
+
+    def _end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        try:
+            self._reorder.flush()
+        except Exception as error:  # noqa: BLE001 - as in _handle_rtp_packet
+            self._on_error(error)
+        if self._track is not None:
+            self._track.stop()
+        self._on_end()
+
+
+def install(receiver: RTCRtpReceiver, on_pcm: Callable[[np.ndarray], None], on_end: Callable[[], None],
+            on_error: Callable[[BaseException], None]) -> AudioReceiver:
+    """Make the (not yet started) audio receiver of a peer an AudioReceiver: each packet's audio
+    goes to on_pcm as 16 kHz mono int16, in order; on_end once when the stream ends (the peer
+    closed, disconnected or sent BYE); an exception from on_pcm goes to on_error and the stream
+    goes on. aiortc builds receivers itself (no factory to hand it), so the class of this one
+    instance is changed; other peers in the process (aiortc clients) keep aiortc's."""
+    if type(receiver) is not RTCRtpReceiver or receiver._RTCRtpReceiver__started:
+        raise ValueError("install() takes an aiortc RTCRtpReceiver that has not started")
+    if receiver._RTCRtpReceiver__decoder_thread is not None:
+        raise ValueError("the receiver already runs a decoder thread")
+    receiver.__class__ = AudioReceiver
+    assert isinstance(receiver, AudioReceiver)
+    receiver._reorder = Reorder(on_pcm)
+    receiver._on_end, receiver._on_error, receiver._ended = on_end, on_error, False
+    return receiver
