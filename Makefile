@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test clean system-packages
+.PHONY: install run test clean system-packages container-runtime image image-gpu
 
 install: $(STAMP)
 
@@ -30,7 +30,22 @@ system-packages:
 		 (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)) ; } || \
 		echo "note: redis-server not installed; the TLS Redis tests will be skipped"
 
-test: install system-packages
+# The container tests (tests/test_container.py) build and run the images: with Docker when its
+# daemon answers, else with Debian's podman, installed and set up here when root and apt are there
+# (docker/podman-host.sh: podman, runc, debootstrap, the debian:bookworm-slim base image).
+container-runtime:
+	@docker info >/dev/null 2>&1 || sh docker/podman-host.sh || \
+		echo "note: no docker daemon and podman cannot be installed; the container tests will be skipped"
+
+# The CPU image (docker/Dockerfile), tagged streamserver:latest; rebuilt only when its inputs changed.
+image: container-runtime
+	docker/build-image.sh
+
+# The GPU worker image (docker/Dockerfile.gpu, torch with its CUDA runtime: several GB).
+image-gpu: container-runtime
+	docker/build-image.sh docker/Dockerfile.gpu streamserver-gpu
+
+test: install system-packages container-runtime
 	$(VENV)/bin/python -m pytest -q
 
 clean:

@@ -45,7 +45,7 @@ def utterance(room: str, student: str) -> Utterance:
 def test_a_stream_may_not_outrun_real_time():
     clock = [0.0]
     refused = []
-    pacer = Pacer(rate=1.5, burst_s=3.0, clock=lambda: clock[0], on_refused=lambda: refused.append(1))
+    pacer = Pacer(rate=1.5, burst_s=3.0, clock=lambda: clock[0], on_refused=lambda: refused.append(1))  # a 3 s burst here
     pacer.take(16000)  # the first second at once: a new stream's allowance
     with pytest.raises(TooFast, match="real time"):
         pacer.take(320)
