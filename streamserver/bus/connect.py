@@ -13,6 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
+MAX_CONNECTIONS = 2048
+
 
 def redacted(url: str) -> str:
     """The URL fit for a log line: its password replaced."""
@@ -24,6 +26,10 @@ def redacted(url: str) -> str:
 
 
 def redis_client(url: str, ca_file: str | None = None, **options: Any) -> aioredis.Redis:
+    # redis-py's asyncio pool allows 100 connections and then raises "Too many connections": a
+    # gateway with hundreds of students has more publishes and seat calls in flight than that
+    # when a class ends at once (seen on the H200, 250 students a gateway).
+    options.setdefault("max_connections", MAX_CONNECTIONS)
     if ca_file:
         if not url.startswith("rediss://"):
             raise ValueError("--redis-ca is for a TLS Redis: its URL starts with rediss://")
