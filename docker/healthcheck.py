@@ -1,9 +1,10 @@
 """The image's HEALTHCHECK: GET /healthz of the streamserver running in this container.
 
-The flags are the only settings that say where it listens, and they differ per service (compose
-`command:`), so this reads them off the running process: `serve` and `gateway` answer on --host
-and --port (https with --tls-cert or --tls-self-signed), a worker on --metrics-host and
---metrics-port. A worker without --metrics-port has no HTTP side: healthy while its process runs.
+Where it listens differs per service, so this reads the settings off the running process, as
+the command line does: a flag, else its STREAMSERVER_<OPTION> variable (streamserver/cli_env.py),
+else the default. `serve` and `gateway` answer on --host and --port (https with --tls-cert or
+--tls-self-signed), a worker on --metrics-host and --metrics-port. A worker without
+--metrics-port has no HTTP side: healthy while its process runs.
 Exit 0 healthy, 1 not (the reason on stdout, which `docker inspect` / `podman healthcheck run`
 show). Standard library only; it runs with the image's venv Python.
 """
@@ -18,22 +19,31 @@ from pathlib import Path
 COMMANDS = ("serve", "gateway", "worker")
 
 
-def running_command() -> tuple[str, list[str]] | None:
-    """(subcommand, its arguments) of the streamserver process in this container."""
+def _split(data: bytes) -> list[str]:
+    return [a.decode(errors="replace") for a in data.split(b"\0") if a]
+
+
+def running_command() -> tuple[str, list[str], dict[str, str]] | None:
+    """(subcommand, its arguments, its environment) of the streamserver process in this container."""
     for proc in sorted((p for p in Path("/proc").iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
         try:
-            argv = [a.decode(errors="replace") for a in (proc / "cmdline").read_bytes().split(b"\0") if a]
+            argv = _split((proc / "cmdline").read_bytes())
         except OSError:
             continue
         for i, arg in enumerate(argv[:-1]):
             if Path(arg).name == "streamserver" and argv[i + 1] in COMMANDS:
-                return argv[i + 1], argv[i + 2 :]
+                try:
+                    environ = dict(v.split("=", 1) for v in _split((proc / "environ").read_bytes()) if "=" in v)
+                except OSError:
+                    environ = {}
+                return argv[i + 1], argv[i + 2 :], environ
     return None
 
 
-def option(args: list[str], name: str, default: str | None = None) -> str | None:
-    """The last value of --name (as `--name V` or `--name=V`), as argparse would take it."""
-    value = default
+def option(args: list[str], environ: dict[str, str], name: str, default: str | None = None) -> str | None:
+    """--name's value as the command line takes it: the last `--name V` or `--name=V`, else
+    STREAMSERVER_NAME from the environment, else the default."""
+    value = environ.get("STREAMSERVER_" + name.lstrip("-").replace("-", "_").upper(), default)
     for i, arg in enumerate(args):
         if arg == name and i + 1 < len(args):
             value = args[i + 1]
@@ -42,16 +52,16 @@ def option(args: list[str], name: str, default: str | None = None) -> str | None
     return value
 
 
-def healthz_url(command: str, args: list[str]) -> str | None:
+def healthz_url(command: str, args: list[str], environ: dict[str, str]) -> str | None:
     if command == "worker":
-        port = option(args, "--metrics-port")
-        if port is None:
+        port = option(args, environ, "--metrics-port")
+        if not port:
             return None
-        host, scheme = option(args, "--metrics-host", "127.0.0.1"), "http"
+        host, scheme = option(args, environ, "--metrics-host", "127.0.0.1"), "http"
     else:
-        port = option(args, "--port", "8080")
-        host = option(args, "--host", "127.0.0.1")
-        tls = any(a.split("=", 1)[0] in ("--tls-cert", "--tls-self-signed") for a in args)
+        port = option(args, environ, "--port", "8080")
+        host = option(args, environ, "--host", "127.0.0.1")
+        tls = any(option(args, environ, flag) for flag in ("--tls-cert", "--tls-self-signed"))
         scheme = "https" if tls else "http"
     if host in ("0.0.0.0", "::", ""):  # every interface: loopback is one of them
         host = "127.0.0.1"
