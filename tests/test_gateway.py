@@ -145,8 +145,8 @@ def test_small_class_through_gateway_and_worker(gateway, redis_url, tmp_path):
         )
         assert run.returncode == 0, run.stderr[-3000:]
         report = json.loads((tmp_path / "report" / "report.json").read_text())
-        assert report["lost_basis"] == "utterance_queued"  # the gateway announced every job
         assert report["utterances_queued"] > 0 and report["transcripts_received"] == report["utterances_queued"]
+        assert report["never_queued"] == 0 and report["lost_vs_queued"] == 0  # the gateway announced every clip's utterance
         assert report["lost"] == 0 and report["duplicates"] == 0
         status, metrics = _get(f"http://127.0.0.1:{mport}/metrics")
         assert status == 200 and "streamserver_batch_size_count" in metrics

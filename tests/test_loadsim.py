@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from streamserver.loadsim import report
+from streamserver.loadsim.measure import Tally
 from streamserver.loadsim.run import parse_queue_depth
 from streamserver.loadsim.scenario import MIN_GAP_S, load_clips, plan_turns
 from tests.server_process import ADMIN_TOKEN, ServerProcess
@@ -36,6 +38,35 @@ def test_queue_depth_from_prometheus_text():
     assert parse_queue_depth("other_metric 1\n") is None
 
 
+def test_lost_counts_the_clips_students_said():
+    """lost = clips sent minus transcripts, student by student: a clip the gateway never turned
+    into an utterance is lost, and an extra transcript of one student never makes up for a
+    missing one of another; the gateway's own basis (queued without a transcript) stays beside it."""
+    tally = Tally(t0=0.0)
+    for student, clips in (("ann", 2), ("bo", 3), ("cy", 1)):
+        for _ in range(clips):
+            tally.clip_sent(student)
+    queued = {"u1": "ann", "u2": "ann", "u3": "ann", "u4": "bo", "u5": "bo", "u6": "cy"}  # ann: one clip cut in two
+    for uid, student in queued.items():
+        tally.feed_event({"type": "utterance_queued", "utterance_id": uid, "student_id": student}, 1.0, False)
+    tally.feed_event({"type": "utterance_queued", "utterance_id": "u1", "student_id": "ann"}, 1.0, True)  # a replay
+    for uid in ("u1", "u2", "u3", "u4"):  # u5 and u6 never come back; one of bo's clips never became an utterance
+        tally.feed_event({"type": "transcript", "utterance_id": uid, "student_id": queued[uid], "end_of_speech_ts": 0.5}, 1.0, False)
+    tally.feed_event({"type": "transcript", "utterance_id": "u4", "student_id": "bo", "end_of_speech_ts": 0.5}, 1.2, False)
+    tally.clips_unsent = 1
+    result = report.build({}, tally, [], False)
+    assert result["utterances_sent"] == 6 and result["transcripts_received"] == 4 and result["duplicates"] == 1
+    assert result["lost"] == 3  # bo: 3 clips, 1 transcript; cy: 1 clip, none; ann's extra makes up for neither
+    assert result["lost_vs_queued"] == 2  # u5, u6: queued, never transcribed
+    assert result["never_queued"] == 1  # bo's third clip
+    assert result["clips_unsent"] == 1 and result["utterances_queued"] == 6
+    assert tally.pending() == 3
+
+    silent = Tally(t0=0.0)  # a server that announces nothing: the clips still count
+    silent.clip_sent("ann")
+    assert silent.lost() == 1 and silent.lost_vs_queued() is None and silent.never_queued() is None
+
+
 def test_small_class_over_websocket(redis_url, tmp_path):
     """4 students in one room for 20 s (in two processes): every clip sent comes back once, none
     lost, plots drawn."""
@@ -51,7 +82,9 @@ def test_small_class_over_websocket(redis_url, tmp_path):
     assert report["students"] == 4 and report["rooms"] == 1 and report["transport"] == "ws"
     assert report["duration_s"] == 20 and report["speak_ratio"] == 0.3
     assert report["utterances_sent"] > 0 and report["transcripts_received"] > 0
-    assert report["duplicates"] == 0 and report["lost"] == 0 and report["missing_vs_clips"] == 0
+    assert report["duplicates"] == 0 and report["lost"] == 0 and report["lost_vs_queued"] == 0 and report["never_queued"] == 0
+    assert report["clips_unsent"] == 0 and report["utterances_queued"] == report["utterances_sent"]
+    assert "lost 0 (queued without transcript 0, never queued 0)" in run.stderr  # the summary line
     assert report["transcripts_received"] == report["utterances_sent"]  # one transcript per clip
     assert report["join_failures"] == 0 and report["busy_rejections"] == 0 and report["disconnects"] == 0
     latency = report["latency_s"]

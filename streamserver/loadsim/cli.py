@@ -33,6 +33,9 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--speak-ratio", type=float, default=0.1, help="share of the students speaking at any moment")
     p.add_argument("--transport", choices=("ws", "webrtc"), default="ws", help="ws: WebSocket ingest (light); webrtc: every student an aiortc peer")
     p.add_argument("--webrtc-students", type=int, default=0, metavar="K", help="with --transport ws: this many students over WebRTC instead")
+    p.add_argument("--webrtc-client", choices=("packets", "encoder"), default="packets",
+                   help="packets: Opus packets encoded once per clip, shared by every student (light); "
+                   "encoder: aiortc's MediaPlayer, encoding for each student (~7x the CPU)")
     p.add_argument("--rooms", type=int, default=1, metavar="R", help="students are spread evenly over R rooms")
     p.add_argument("--language", choices=("en", "zh", "auto"), default="en", help="the rooms' language (the clips are English)")
     p.add_argument("--frame-ms", type=int, choices=(10, 20, 40, 60, 100), default=20, help="WebSocket frame length")
@@ -61,6 +64,10 @@ def _check(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
 def main(args: argparse.Namespace) -> int:
     import aiohttp  # here, not at the top: `streamserver --help` need not load the client stack
 
@@ -73,13 +80,22 @@ def main(args: argparse.Namespace) -> int:
         urls=[u.rstrip("/") for u in args.url], students=args.students, duration_s=args.duration, admin_token=os.environ["STREAMSERVER_ADMIN_TOKEN"],
         speak_ratio=args.speak_ratio, transport=args.transport, webrtc_students=args.webrtc_students, rooms=args.rooms,
         language=args.language, frame_ms=args.frame_ms, seed=args.seed, drain_s=args.drain, processes=args.processes,
+        webrtc_client=args.webrtc_client,
     )
     try:
         result = asyncio.run(Run(config).run(args.report))
     except (AssertionError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:  # no rooms or no feed: no run
         print(f"loadsim: error: could not set up the class on {', '.join(config.urls)}: {type(error).__name__}: {error}", file=sys.stderr)
         return 2
-    summary = {k: result[k] for k in ("utterances_sent", "transcripts_received", "duplicates", "lost", "join_failures", "busy_rejections", "latency_s")}
+    summary = {k: result[k] for k in ("utterances_sent", "transcripts_received", "duplicates", "lost", "lost_vs_queued", "never_queued",
+                                      "clips_unsent", "join_failures", "busy_rejections", "simulator_max_lag_s", "latency_s")}
     print(json.dumps(summary), flush=True)
+    print(f"loadsim: clips sent {result['utterances_sent']}, transcripts {result['transcripts_received']}, lost {result['lost']}"
+          f" (queued without transcript {_or_dash(result['lost_vs_queued'])}, never queued {_or_dash(result['never_queued'])}),"
+          f" duplicates {result['duplicates']}, clips not sent {result['clips_unsent']}, simulator lag {result['simulator_max_lag_s']} s",
+          file=sys.stderr, flush=True)
+    if result["clips_unsent"] or result["simulator_max_lag_s"] > 0.1:
+        print("loadsim: warning: the simulator fell behind real time: use --processes, or fewer students per process",
+              file=sys.stderr, flush=True)
     print(f"loadsim: report in {args.report}/report.json", file=sys.stderr)
     return 0

@@ -15,6 +15,7 @@ import aiohttp
 import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
+from aiortc.mediastreams import MediaStreamTrack
 
 from engines.features import SAMPLE_RATE
 from streamserver.transport.webrtc import use_host_addresses
@@ -70,15 +71,17 @@ def token_of(link: str) -> str:
 
 
 async def join_student(
-    session: aiohttp.ClientSession, url: str, room: dict, name: str, wav: Path, identity: dict[str, str] | None = None
+    session: aiohttp.ClientSession, url: str, room: dict, name: str, wav: Path | MediaStreamTrack,
+    identity: dict[str, str] | None = None,
 ) -> RTCPeerConnection:
-    """An aiortc student that plays `wav` as its microphone, once. The identity the server
-    issued is left on the peer as `pc.identity` (student_id and resume secret, also
-    `pc.student_id`); pass it back to reconnect as the same student."""
+    """An aiortc student that plays `wav` as its microphone, once (aiortc's MediaPlayer: it
+    encodes for this student), or sends what an audio track gives (webrtc_student.OpusPlanTrack:
+    packets encoded once per clip). The identity the server issued is left on the peer as
+    `pc.identity` (student_id and resume secret, also `pc.student_id`); pass it back to
+    reconnect as the same student."""
     use_host_addresses(["127.0.0.1"])
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    player = MediaPlayer(str(wav), loop=False)
-    pc.addTrack(player.audio)
+    pc.addTrack(wav if isinstance(wav, MediaStreamTrack) else MediaPlayer(str(wav), loop=False).audio)
     await pc.setLocalDescription(await pc.createOffer())  # aiortc gathers all candidates here
     body = {"token": token_of(room["student_url"]), "sdp": pc.localDescription.sdp, "type": "offer", "student_name": name}
     body.update(identity or {})

@@ -4,10 +4,15 @@ latency, and what never came back.
 Latency = dashboard receive time (client clock) - the event's end_of_speech_ts (server clock);
 the simulator and the server share a machine (or a synchronised clock) for it to mean anything.
 
-Lost: a gateway that hands utterances to a job queue announces each one in the room
-(`utterance_queued`); when such events are seen they are the ground truth (queued ids with no
-transcript). Otherwise the simulator falls back on its own count: per student, clips fully sent
-minus transcripts received (a clip is one utterance, see scenario.py).
+Lost is counted against what the students said: per student, clips fully sent minus transcripts
+received (a clip is one utterance, see scenario.py; an extra transcript of one student never
+makes up for a missing one of another), so a clip the server never turned into an utterance is
+lost. A gateway that hands utterances to a job queue announces each one in the room
+(`utterance_queued`); the server-side figures are kept beside it: lost_vs_queued (announced ids
+with no transcript: lost in recognition) and never_queued (per student, clips sent minus
+utterances announced: lost before recognition, in the transport or the VAD). Clips the simulator
+itself never finished sending (it fell behind real time, or the connection closed) are
+clips_unsent, never part of utterances_sent.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MAX_ERRORS = 20  # distinct join/stream errors kept for the report
-COUNTERS = ("join_failures", "busy_rejections", "disconnects")
+COUNTERS = ("join_failures", "busy_rejections", "disconnects", "clips_unsent")
 
 
 @dataclass
@@ -32,11 +37,13 @@ class Tally:
     transcripts: dict[str, tuple[float, float]] = field(default_factory=dict)
     received_by_student: Counter = field(default_factory=Counter)
     queued: set[str] = field(default_factory=set)
+    queued_by_student: Counter = field(default_factory=Counter)
     duplicates: int = 0
     connected: int = 0
     join_failures: int = 0
     busy_rejections: int = 0
     disconnects: int = 0
+    clips_unsent: int = 0  # clips of the students' plans the simulator did not finish sending
     max_lag_s: float = 0.0
     errors: Counter = field(default_factory=Counter)
     # students run by child processes (run.py): their latest (connected, speaking) and snapshot
@@ -91,7 +98,9 @@ class Tally:
     def feed_event(self, event: dict, received: float, replayed: bool) -> None:
         kind = event.get("type")
         if kind == "utterance_queued":
-            self.queued.add(event["utterance_id"])
+            if event["utterance_id"] not in self.queued:
+                self.queued.add(event["utterance_id"])
+                self.queued_by_student[event["student_id"]] += 1
         elif kind == "transcript":
             uid = event["utterance_id"]
             if uid in self.transcripts:
@@ -102,23 +111,26 @@ class Tally:
             self.received_by_student[event["student_id"]] += 1
 
     # -- results ---------------------------------------------------------------------------
-    @property
-    def lost_basis(self) -> str:
-        return "utterance_queued" if self.queued else "clips_sent"
-
     def lost(self) -> int:
-        if self.queued:
-            return len(self.queued - self.transcripts.keys())
-        return self.missing_vs_clips()
+        """Clips sent with no transcript, student by student."""
+        return self._short(self.received_by_student)
 
-    def missing_vs_clips(self) -> int:
-        """Clips sent with no transcript, student by student (an extra transcript of one student
-        never makes up for a missing one of another)."""
-        return sum(max(0, n - self.received_by_student[s]) for s, n in self.sent_by_student.items())
+    def lost_vs_queued(self) -> int | None:
+        """Utterances the gateway announced with no transcript; None from a server that does not
+        announce them."""
+        return len(self.queued - self.transcripts.keys()) if self.queued else None
+
+    def never_queued(self) -> int | None:
+        """Clips sent that the gateway never announced as an utterance, student by student; None
+        from a server that does not announce them."""
+        return self._short(self.queued_by_student) if self.queued else None
+
+    def _short(self, got: Counter) -> int:
+        return sum(max(0, n - got[s]) for s, n in self.sent_by_student.items())
 
     def pending(self) -> int:
         """What is still expected: the drain at the end waits for this to reach 0."""
-        return max(self.lost(), self.missing_vs_clips())
+        return max(self.lost(), self.lost_vs_queued() or 0)
 
     def latencies(self) -> np.ndarray:
         return np.array([lat for _, lat in self.transcripts.values()], dtype=float)

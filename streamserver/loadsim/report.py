@@ -24,9 +24,10 @@ def build(settings: dict[str, Any], tally: Tally, timeline: list[dict], metrics_
         "utterances_queued": len(tally.queued) if tally.queued else None,
         "transcripts_received": len(tally.transcripts),
         "duplicates": tally.duplicates,
-        "lost": tally.lost(),
-        "lost_basis": tally.lost_basis,
-        "missing_vs_clips": tally.missing_vs_clips(),
+        "lost": tally.lost(),  # clips sent with no transcript, per student (measure.py)
+        "lost_vs_queued": tally.lost_vs_queued(),  # utterances the gateway announced with no transcript
+        "never_queued": tally.never_queued(),  # clips sent the gateway never announced as utterances
+        "clips_unsent": tally.clips_unsent,  # clips the simulator did not finish sending (> 0: it fell behind)
         "join_failures": tally.join_failures,
         "busy_rejections": tally.busy_rejections,
         "disconnects": tally.disconnects,

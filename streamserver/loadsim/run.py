@@ -34,6 +34,7 @@ class LoadConfig:
     speak_ratio: float = 0.1
     transport: str = "ws"  # or "webrtc": every student over WebRTC
     webrtc_students: int = 0  # with transport "ws": this many of them over WebRTC instead
+    webrtc_client: str = "packets"  # students.WEBRTC_CLIENTS: pre-encoded Opus packets, or aiortc's MediaPlayer (encodes)
     rooms: int = 1
     language: str = "en"
     frame_ms: int = 20
@@ -43,7 +44,7 @@ class LoadConfig:
 
     def settings(self) -> dict[str, Any]:
         """What the report repeats of the run's configuration (never the admin token)."""
-        keep = ("urls", "students", "rooms", "transport", "webrtc_students", "speak_ratio", "language", "frame_ms", "seed", "processes")
+        keep = ("urls", "students", "rooms", "transport", "webrtc_students", "webrtc_client", "speak_ratio", "language", "frame_ms", "seed", "processes")
         return {"duration_s": self.duration_s, **{k: v for k, v in asdict(self).items() if k in keep}}
 
 
@@ -82,7 +83,8 @@ class Run:
             self.tally.t0 = time.time()
             sampler = asyncio.create_task(self._sample(session))
             webrtc = [c.transport == "webrtc" or i < c.webrtc_students for i in range(c.students)]
-            plan = StudentPlan(rooms, self.tally.t0 + c.duration_s, c.speak_ratio, c.frame_ms, c.seed, webrtc)
+            plan = StudentPlan(rooms, self.tally.t0 + c.duration_s, c.speak_ratio, c.frame_ms, c.seed, webrtc,
+                               webrtc_client=c.webrtc_client)
             if c.processes > 1:
                 await self._students_elsewhere(plan)
             else:

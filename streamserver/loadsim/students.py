@@ -11,13 +11,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+from aiortc.contrib.media import MediaPlayer
 
 from streamserver.loadsim.clients import JoinRefused, join_student, speech_file
 from streamserver.loadsim.measure import Tally
-from streamserver.loadsim.scenario import load_clips, plan_turns, render
+from streamserver.loadsim.scenario import Turn, load_clips, plan_turns, render
+from streamserver.loadsim.webrtc_student import OpusPlanTrack, PacketClock, TimedTrack, encoded_clips
 from streamserver.loadsim.ws_student import Pacer, PlayHooks, WsStudent
 
-WEBRTC_LEAD_S = 1.0  # silence before a WebRTC student's audio: what plays before ICE is up is lost
+# Silence before a WebRTC student's first clip: the packets client starts its plan when the
+# connection is up, and the server's side of DTLS may finish a round trip after ours; aiortc's
+# MediaPlayer starts playing its file at the same moment.
+WEBRTC_LEAD_S = {"packets": 0.5, "encoder": 1.0}
+# How long after the end of the run a WebRTC student whose stream is not all sent yet (the
+# simulator fell behind real time) keeps sending before it hangs up; what is left is counted
+# as clips_unsent.
+HANGUP_GRACE_S = 10.0
+WEBRTC_CLIENTS = ("packets", "encoder")  # pre-encoded Opus packets; aiortc's MediaPlayer, encoding per student
 
 
 @dataclass
@@ -31,6 +41,7 @@ class StudentPlan:
     seed: int
     webrtc: list[bool]  # per student index: over WebRTC rather than the WebSocket ingest
     join_concurrency: int = 32  # handshakes in flight at once, per pool
+    webrtc_client: str = "packets"  # one of WEBRTC_CLIENTS
 
 
 class StudentPool:
@@ -38,10 +49,14 @@ class StudentPool:
         self.plan = plan
         self.tally = tally
         self.clips = load_clips(plan.frame_ms)
-        self.pacer = Pacer(plan.frame_ms, PlayHooks(tally.clip_started, tally.clip_sent, tally.lag))
+        self.hooks = PlayHooks(tally.clip_started, tally.clip_sent, tally.lag)
+        self.pacer = Pacer(plan.frame_ms, self.hooks)
+        self.clock = PacketClock(tally.lag)  # every WebRTC packets student of the process
 
     async def run(self, indices: range | list[int]) -> None:
         """Students `indices` of the run (student i sits in room i mod rooms), until the end."""
+        if self.plan.webrtc_client == "packets" and any(self.plan.webrtc[i] for i in indices):
+            encoded_clips(self.plan.frame_ms)  # once, before the first student: not on the running loop's time
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=15)
         joins = asyncio.Semaphore(self.plan.join_concurrency)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
@@ -88,28 +103,53 @@ class StudentPool:
 
     async def _webrtc_student(self, session: aiohttp.ClientSession, index: int, room: dict, joins: asyncio.Semaphore,
                               rng: random.Random, tmp: Path) -> None:
-        """An aiortc peer playing its whole turn-taking stream from a file; the pool counts its
-        clips on the same timetable as the player."""
-        length = max(0.0, self._remaining_s() - WEBRTC_LEAD_S)
-        turns = plan_turns(self.clips, length, self.plan.speak_ratio, rng, self.plan.frame_ms)
-        wav = speech_file(tmp / f"student{index}.wav", render(turns, length), lead_s=WEBRTC_LEAD_S, tail_s=0.5)
-        async with joins:
-            pc = await join_student(session, room["url"], room, f"student {index + 1}", wav)
-        student_id = pc.student_id  # type: ignore[attr-defined]
-        start = time.time() + WEBRTC_LEAD_S
-        self.tally.connected += 1
+        """An aiortc peer: its microphone sends the student's turn-taking plan (pre-encoded Opus
+        packets, or a file that aiortc's MediaPlayer plays and encodes), its clips counted as they
+        are handed to the sender. It hangs up when its stream is all sent, or HANGUP_GRACE_S after
+        the end of the run (clips not sent by then: clips_unsent), or when the connection closes."""
+        plan = self.plan
+        lead = WEBRTC_LEAD_S[plan.webrtc_client]
+        track: OpusPlanTrack | TimedTrack
+        if plan.webrtc_client == "packets":
+            track = OpusPlanTrack(self.clock, lambda length: plan_turns(self.clips, length, plan.speak_ratio, rng, plan.frame_ms),
+                                  plan.end, self.hooks, lead_s=lead, clips=encoded_clips(plan.frame_ms))
+        else:
+            length = max(0.0, self._remaining_s() - lead)
+            turns = plan_turns(self.clips, length, plan.speak_ratio, rng, plan.frame_ms)
+            wav = speech_file(tmp / f"student{index}.wav", render(turns, length), lead_s=lead, tail_s=0.5)
+            track = TimedTrack(MediaPlayer(str(wav), loop=False).audio, [Turn(t.start_s + lead, t.clip) for t in turns], self.hooks)
         try:
-            for turn in turns:
-                await asyncio.sleep(max(0.0, start + turn.start_s - time.time()))
-                if pc.connectionState in ("failed", "closed"):
-                    self.tally.disconnects += 1
-                    self.tally.error("stream", f"WebRTC connection {pc.connectionState}")
-                    return
-                self.tally.clip_started(student_id)
-                await asyncio.sleep(max(0.0, start + turn.end_s - time.time()))
-                self.tally.clip_sent(student_id)
-            await asyncio.sleep(max(0.0, self.plan.end - time.time()))
+            async with joins:
+                pc = await join_student(session, room["url"], room, f"student {index + 1}", track)
+        except BaseException:
+            track.stop()
+            raise
+        track.student_id = pc.student_id  # type: ignore[attr-defined]
+        self.tally.connected += 1
+        closed = asyncio.Event()
+
+        @pc.on("connectionstatechange")
+        def _state() -> None:
+            if pc.connectionState in ("failed", "closed"):
+                closed.set()
+
+        try:
+            waits = [asyncio.ensure_future(track.finished.wait()), asyncio.ensure_future(closed.wait())]
+            ended, _ = await asyncio.wait(waits, timeout=max(0.0, self._remaining_s()) + HANGUP_GRACE_S,
+                                          return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
         finally:
             self.tally.connected -= 1
-            self.tally.speaking.discard(student_id)
+            self.tally.speaking.discard(track.student_id)
+            state = pc.connectionState
             await pc.close()
+            track.stop()
+        if not track.complete:
+            self.tally.clips_unsent += track.timetable.unsent
+            if ended:  # the connection went away under it
+                self.tally.disconnects += 1
+                self.tally.error("stream", f"WebRTC connection {state} before the student's stream ended")
+            else:
+                self.tally.error("simulator", "a WebRTC student's stream was not all sent by the end of the run (+"
+                                 f"{HANGUP_GRACE_S:g} s): the simulator fell behind real time")

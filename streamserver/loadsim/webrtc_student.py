@@ -1,0 +1,293 @@
+"""Simulated students over WebRTC that cost little: a real aiortc peer (ICE, DTLS, SRTP, RTCP)
+whose microphone hands aiortc Opus packets encoded once per clip and process, shared by every
+student, instead of audio that aiortc would encode for each student in its thread pool.
+
+aiortc's RTCRtpSender sends an `av.Packet` from a track as it is (it only packs it into RTP:
+`Encoder.pack`), so a track whose recv() returns Opus packets at the right times is a browser
+microphone as far as the server can tell: 20 ms packets on the 48 kHz RTP clock, continuous
+timestamps, a packet every 20 ms also in silence (browsers send no DTX by default: the server's
+VAD sees the silence that ends an utterance). Encoding per student instead (aiortc's MediaPlayer,
+a decoding thread per student and aiortc's Opus encoder in one thread pool: ~30 ms of CPU per
+student-second here, against ~3 ms for this client) saturated the simulator process at 40-50
+students on 2 cores: its audio fell behind real time (20 s behind after 40 s with 50 students),
+and what the students had not sent when they hung up never reached the server (issue 13).
+
+One PacketClock per process paces every track: a track waits for its next packet's tick, and
+one timer releases all the packets due at a tick together (not a timer per student per packet).
+A student that falls behind (an overloaded simulator) sends what is due at once, and the clock
+reports how late it woke (`lag`, the report's simulator_max_lag_s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import functools
+import time
+from typing import Callable
+
+import av
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from streamserver.loadsim.scenario import RATE, Turn, load_clips
+from streamserver.loadsim.ws_student import PlayHooks
+
+OPUS_RATE = 48_000  # RTP's Opus clock, and what a browser's microphone captures at
+PACKET_S = 0.020  # of audio per packet (browsers' and aiortc's ptime)
+PACKET_SAMPLES = int(OPUS_RATE * PACKET_S)
+TIME_BASE = fractions.Fraction(1, OPUS_RATE)
+BITRATE = 32_000  # a browser's default for mono speech
+# Each clip is encoded with silence around it by its own encoder, so that the stream switches
+# between the shared silence packet and a clip's packets inside silence (no clicks at the
+# seams, and the encoder has settled before the speech starts).
+LEAD_PACKETS = 5
+TAIL_PACKETS = 10
+
+
+def opus_packets(pcm16k: np.ndarray) -> list[bytes]:
+    """16 kHz mono int16 as 20 ms Opus packets, mono at 48 kHz like a browser's (libopus picks
+    the coded bandwidth); the encoder's delay is flushed, so the audio ends inside the packets."""
+    encoder = av.CodecContext.create("libopus", "w")
+    encoder.sample_rate, encoder.layout, encoder.format = OPUS_RATE, "mono", "s16"
+    encoder.bit_rate, encoder.options = BITRATE, {"application": "voip"}
+    encoder.time_base = TIME_BASE
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=OPUS_RATE, frame_size=PACKET_SAMPLES)
+    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(pcm16k, dtype=np.int16)[None], format="s16", layout="mono")
+    frame.sample_rate = RATE
+    frames = resampler.resample(frame) + resampler.resample(None)
+    packets: list[bytes] = []
+    for i, f in enumerate(frames):
+        if f.samples < PACKET_SAMPLES:  # the resampler's last partial frame: pad it to a whole packet
+            last = np.zeros((1, PACKET_SAMPLES), np.int16)
+            last[:, : f.samples] = f.to_ndarray()[:, : f.samples]
+            f = av.AudioFrame.from_ndarray(last, format="s16", layout="mono")
+            f.sample_rate = OPUS_RATE
+        f.pts = i * PACKET_SAMPLES
+        packets += [bytes(p) for p in encoder.encode(f)]
+    return packets + [bytes(p) for p in encoder.encode(None)]
+
+
+@functools.cache
+def silence_packet() -> bytes:
+    """One packet of digital silence, as the encoder sends it once settled."""
+    return opus_packets(np.zeros(RATE // 2, np.int16))[-2]
+
+
+@functools.cache
+def encoded_clips(frame_ms: int = 20) -> dict[str, tuple[bytes, ...]]:
+    """Every shipped clip by name, encoded once per process (a few tens of ms each): LEAD_PACKETS
+    of silence, the clip, then silence."""
+    pad = lambda n: np.zeros(n * int(RATE * PACKET_S), np.int16)  # noqa: E731
+    return {clip.name: tuple(opus_packets(np.concatenate([pad(LEAD_PACKETS), np.frombuffer(clip.pcm, "<i2"), pad(TAIL_PACKETS)])))
+            for clip in load_clips(frame_ms)}
+
+
+class PacketClock:
+    """Ticks every PACKET_S on one grid for the whole process; tracks wait for a tick."""
+
+    def __init__(self, on_lag: Callable[[float], None] = lambda seconds: None, packet_s: float = PACKET_S) -> None:
+        self.packet_s = packet_s
+        self.on_lag = on_lag
+        self._begin: float | None = None
+        self._waiting: dict[int, list[asyncio.Future]] = {}
+        self._task: asyncio.Task | None = None
+        self._target: int | None = None  # the tick the timer sleeps for
+
+    def now(self) -> int:
+        """The current tick (the grid starts at the clock's first use)."""
+        loop = asyncio.get_running_loop()
+        if self._begin is None:
+            self._begin = loop.time()
+        return int((loop.time() - self._begin) / self.packet_s)
+
+    async def wait(self, tick: int) -> None:
+        """Returns at `tick` (at once when it is past)."""
+        if tick <= self.now():
+            return
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._waiting.setdefault(tick, []).append(future)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run())
+        elif self._target is not None and tick < self._target:  # due before what the timer sleeps for
+            self._task.cancel()
+            self._task = loop.create_task(self._run())
+        await future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._begin is not None
+        while self._waiting:
+            self._target = min(self._waiting)
+            delay = self._begin + self._target * self.packet_s - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            elif delay < -self.packet_s:
+                self.on_lag(-delay)
+            due = self.now()
+            for tick in [t for t in self._waiting if t <= due]:
+                for future in self._waiting.pop(tick):
+                    if not future.done():  # its track may have been cancelled
+                        future.set_result(None)
+        self._target = None
+
+
+class Timetable:
+    """Counts a student's clips as its audio is handed to the sender: a clip starts when the
+    audio passes its start, and is sent once all of it has gone out."""
+
+    def __init__(self, turns: list[Turn], hooks: PlayHooks) -> None:
+        self.turns = turns
+        self.hooks = hooks
+        self.student_id = ""  # the server's, set once the offer is answered (before any audio)
+        self._next = 0
+        self._started = False
+
+    def advance(self, media_s: float) -> None:
+        """The stream's first `media_s` seconds are out."""
+        while self._next < len(self.turns):
+            turn = self.turns[self._next]
+            if not self._started and media_s > turn.start_s + 1e-6:
+                self._started = True
+                self.hooks.clip_started(self.student_id)
+            if self._started and media_s >= turn.end_s - 1e-6:
+                self._started = False
+                self._next += 1
+                self.hooks.clip_sent(self.student_id)
+                continue
+            return
+
+    @property
+    def unsent(self) -> int:
+        """Clips of the plan not (completely) sent."""
+        return len(self.turns) - self._next
+
+
+class _StudentTrack(MediaStreamTrack):
+    """A simulated student's microphone: its clips counted by a Timetable as the audio goes out;
+    `finished` is set when the track ends (all sent, or aiortc stopped it: the connection closed)."""
+
+    kind = "audio"
+
+    def __init__(self, turns: list[Turn], hooks: PlayHooks) -> None:
+        super().__init__()
+        self.timetable = Timetable(turns, hooks)
+        self.finished = asyncio.Event()
+
+    @property
+    def student_id(self) -> str:
+        return self.timetable.student_id
+
+    @student_id.setter
+    def student_id(self, value: str) -> None:
+        self.timetable.student_id = value
+
+    def stop(self) -> None:
+        super().stop()
+        self.finished.set()
+
+
+class OpusPlanTrack(_StudentTrack):
+    """A student's microphone: its turn-taking plan as pre-encoded Opus packets, one per tick.
+
+    The plan is drawn when aiortc asks for the first packet (the connection is up then), for the
+    time left until `end` (epoch seconds): `planner(length_s)` returns the turns, which start after
+    `lead_s` of silence. The track ends after its last packet."""
+
+    def __init__(self, clock: PacketClock, planner: Callable[[float], list[Turn]], end: float, hooks: PlayHooks,
+                 lead_s: float = 0.5, clips: dict[str, tuple[bytes, ...]] | None = None) -> None:
+        super().__init__([], hooks)
+        self.clock = clock
+        self.planner = planner
+        self.end = end
+        self.lead_s = lead_s
+        self.sent = 0  # packets handed to the sender
+        self.total: int | None = None  # packets in the stream, once planned
+        self._clips = clips if clips is not None else encoded_clips()
+        self._silence = silence_packet()
+        self._blocks: list[tuple[int, tuple[bytes, ...]]] = []  # (first packet index, packets), in order
+        self._block = 0
+        self._first_tick = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.total is not None and self.sent >= self.total
+
+    def _plan(self) -> None:
+        length = max(0.0, self.end - time.time())
+        turns = [Turn(t.start_s + self.lead_s, t.clip) for t in self.planner(max(0.0, length - self.lead_s))]
+        self.timetable.turns = turns
+        self.total = int(length / PACKET_S)
+        for turn in turns:
+            encoded = self._clips[turn.clip.name]
+            at = round(turn.start_s / PACKET_S) - LEAD_PACKETS
+            if at < 0:  # the clip's leading silence would start before the stream: drop that much of it
+                encoded, at = encoded[-at:], 0
+            if self._blocks:  # blocks never overlap (gaps >= 1 s); if one did, its trailing silence gives way
+                prev_at, prev = self._blocks[-1]
+                self._blocks[-1] = (prev_at, prev[: max(0, at - prev_at)])
+            self._blocks.append((at, encoded))
+        self._first_tick = self.clock.now() + 1
+
+    def _payload(self, index: int) -> bytes:
+        while self._block < len(self._blocks):
+            at, packets = self._blocks[self._block]
+            if index < at:
+                break
+            if index < at + len(packets):
+                return packets[index - at]
+            self._block += 1
+        return self._silence
+
+    async def recv(self) -> av.Packet:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self.total is None:
+            self._plan()
+        assert self.total is not None
+        if self.sent >= self.total:
+            self.stop()
+            raise MediaStreamError
+        await self.clock.wait(self._first_tick + self.sent)
+        packet = av.Packet(self._payload(self.sent))
+        packet.pts, packet.time_base = self.sent * PACKET_SAMPLES, TIME_BASE
+        self.sent += 1
+        self.timetable.advance(self.sent * PACKET_S)
+        return packet
+
+
+class TimedTrack(_StudentTrack):
+    """Another track (aiortc's MediaPlayer: it encodes for each student) with its clips counted
+    as its frames are handed to the sender, and its lateness behind real time reported."""
+
+    def __init__(self, inner: MediaStreamTrack, turns: list[Turn], hooks: PlayHooks) -> None:
+        super().__init__(turns, hooks)
+        self.inner = inner
+        self.hooks = hooks
+        self.ended_by_source = False
+        self._t0: float | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.ended_by_source
+
+    async def recv(self) -> av.AudioFrame:
+        try:
+            frame = await self.inner.recv()
+        except MediaStreamError:
+            self.ended_by_source = True
+            self.stop()
+            raise
+        media_end = float(frame.time) + frame.samples / frame.sample_rate
+        now = time.time()
+        if self._t0 is None:
+            self._t0 = now - float(frame.time)
+        if (late := now - (self._t0 + float(frame.time))) > PACKET_S:
+            self.hooks.lag(late)
+        self.timetable.advance(media_end)
+        return frame
+
+    def stop(self) -> None:
+        super().stop()
+        self.inner.stop()

@@ -1,0 +1,139 @@
+"""The load simulator's WebRTC students (streamserver/loadsim/webrtc_student.py): the packets
+client sends its plan as Opus in real time for a fraction of the encoding client's CPU, and the
+encoding client, not the server, is what lost the speech of 50 WebRTC students (issue 13)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import numpy as np
+import pytest
+from aiortc.codecs.opus import OpusDecoder
+from aiortc.jitterbuffer import JitterFrame
+from aiortc.mediastreams import MediaStreamError
+
+from streamserver.audio.resample import To16kMono
+from streamserver.audio.segmenter import DIGITAL_SILENCE, SegmenterConfig, UtteranceSegmenter
+from streamserver.loadsim import students
+from streamserver.loadsim.run import LoadConfig, Run
+from streamserver.loadsim.scenario import RATE, load_clips, plan_turns, render
+from streamserver.loadsim.webrtc_student import PACKET_SAMPLES, OpusPlanTrack, PacketClock, encoded_clips
+from streamserver.loadsim.ws_student import PlayHooks
+from tests.server_process import ADMIN_TOKEN, ServerProcess
+
+
+class InstantClock(PacketClock):
+    """Every packet is due at once: the track's stream without the wall clock."""
+
+    async def wait(self, tick: int) -> None:
+        return None
+
+
+def _segment(pcm: np.ndarray) -> list[tuple[float, float]]:
+    """(start, end of speech) of each utterance, on the stream's own time."""
+    position = [0]
+    found: list[tuple[float, float]] = []
+    segmenter = UtteranceSegmenter(SegmenterConfig(), lambda s: found.append((s.start_ts, s.end_of_speech_ts)),
+                                   clock=lambda: position[0] / RATE)
+    for i in range(0, pcm.size, 320):
+        position[0] = i + 320
+        segmenter.feed(pcm[i : i + 320])
+    segmenter.flush()
+    return found
+
+
+def test_plan_track_sends_the_plan_as_opus():
+    """A student's whole stream, decoded the way the server decodes it: one packet per 20 ms with
+    continuous timestamps, each clip counted once it is all out, the clips' audio intact and
+    digital silence between them, and one utterance per clip."""
+    clips, rng, counted, drawn = load_clips(), random.Random(3), [], {}
+
+    def planner(length_s: float):
+        drawn["length"], drawn["turns"] = length_s, plan_turns(clips, length_s, 0.3, rng)
+        return drawn["turns"]
+
+    hooks = PlayHooks(lambda s: counted.append(("started", s)), lambda s: counted.append(("sent", s)))
+    encoded_clips()  # encoded once per process, before the clock starts
+    track = OpusPlanTrack(InstantClock(), planner, time.time() + 40, hooks, lead_s=0.5)
+    track.student_id = "s1"
+
+    async def play() -> list:
+        packets = []
+        while True:
+            try:
+                packets.append(await track.recv())
+            except MediaStreamError:
+                return packets
+
+    packets = asyncio.run(play())
+    turns = track.timetable.turns
+    assert len(turns) >= 2 and track.complete and track.finished.is_set() and track.timetable.unsent == 0
+    assert len(packets) == track.total == pytest.approx(40 / 0.020, abs=5)
+    assert [p.pts for p in packets] == [i * PACKET_SAMPLES for i in range(len(packets))]
+    assert counted == [("started", "s1"), ("sent", "s1")] * len(turns)
+
+    decoder, to16k = OpusDecoder(), To16kMono()
+    pcm = np.concatenate([to16k.push(f) for p in packets for f in decoder.decode(JitterFrame(bytes(p), p.pts))])
+    source = (np.clip(np.concatenate([np.zeros(RATE // 2), render(drawn["turns"], drawn["length"])]), -1, 1) * 32767).astype(np.int16)
+    first = turns[0]
+    a, b = int(first.start_s * RATE), int(first.end_s * RATE)
+    lag = max(range(0, 320), key=lambda k: float(np.dot(pcm[a + k : b + k].astype(float), source[a:b])))  # the codec's delay
+    assert lag <= 0.010 * RATE  # Opus's 6.5 ms look-ahead, and the resamplers'
+    for turn in turns:  # each clip's audio, as intact as Opus at 32 kbit/s leaves it (0.82-0.95 for these clips)
+        a, b = int(turn.start_s * RATE), int(turn.end_s * RATE)
+        assert np.corrcoef(pcm[a + lag : b + lag], source[a:b])[0, 1] > 0.75
+    gaps = [(int((x.end_s + 0.3) * RATE), int((y.start_s - 0.1) * RATE)) for x, y in zip(turns, turns[1:])]
+    assert all(np.abs(pcm[a:b]).max() <= DIGITAL_SILENCE for a, b in gaps)  # silence between the clips
+    utterances = _segment(pcm)
+    assert len(utterances) == len(turns)
+    for (start, end), turn in zip(utterances, turns):  # each utterance lies on its clip
+        assert turn.start_s - 0.3 <= start < end <= turn.end_s + 0.1
+
+
+def test_packet_clock_releases_every_track_on_one_grid_and_reports_lag():
+    lags: list[float] = []
+    clock = PacketClock(lags.append, packet_s=0.01)
+
+    async def track(done: list[float]) -> None:
+        start = clock.now() + 1
+        for k in range(20):
+            await clock.wait(start + k)
+        done.append(time.monotonic())
+
+    async def main() -> tuple[float, list[float]]:
+        done: list[float] = []
+        t0 = time.monotonic()
+        await asyncio.gather(*(track(done) for _ in range(50)))
+        elapsed = time.monotonic() - t0
+        waiter = asyncio.ensure_future(clock.wait(clock.now() + 2))
+        await asyncio.sleep(0)
+        time.sleep(0.1)  # the loop is blocked: the clock wakes late and says so
+        await waiter
+        return elapsed, done
+
+    elapsed, done = asyncio.run(main())
+    assert 0.18 <= elapsed < 0.6 and max(done) - min(done) < 0.05  # 20 ticks of 10 ms, all tracks together
+    assert lags and max(lags) >= 0.05
+
+
+def test_encoding_client_falls_behind_where_the_packets_client_does_not(monkeypatch, tmp_path):
+    """The cause of issue 13's lost speech, reproduced small: 40 WebRTC students in one simulator
+    process against `serve` on this machine. aiortc's MediaPlayer client (an encoder per student,
+    one thread pool for all) cannot keep real time and its audio falls seconds behind, so what it
+    has not sent when it hangs up was never spoken; the packets client keeps real time and every
+    clip it speaks comes back."""
+    monkeypatch.setattr(students, "HANGUP_GRACE_S", 2.0)
+    n, duration = 40, 12.0
+    with ServerProcess() as server:
+        results = {}
+        for client in ("encoder", "packets"):
+            config = LoadConfig(urls=[server.url], students=n, duration_s=duration, admin_token=ADMIN_TOKEN, transport="webrtc",
+                                speak_ratio=0.2, drain_s=4.0 if client == "encoder" else 15.0, webrtc_client=client, seed=1)
+            results[client] = asyncio.run(Run(config, progress=None).run(tmp_path / client))
+    old, new = results["encoder"], results["packets"]
+    assert old["simulator_max_lag_s"] > 1.0, old  # its audio fell behind real time
+    assert new["simulator_max_lag_s"] < 0.5 and new["clips_unsent"] == 0, new
+    assert new["utterances_sent"] > 0 and new["join_failures"] == 0 and new["disconnects"] == 0
+    assert new["lost"] == 0 and new["never_queued"] == 0 and new["lost_vs_queued"] == 0 and new["duplicates"] == 0
