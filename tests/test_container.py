@@ -260,6 +260,34 @@ def test_compose_file_is_valid():
     assert needed <= example, needed - example
 
 
+def test_compose_services_settings_parse():
+    """Each streamserver service's command line, with its image's and its compose environment
+    (.env.example's values), is one the CLI accepts: every STREAMSERVER_ variable is read for
+    every subcommand, so one that another subcommand refuses would stop the container at start."""
+    tools = [t for t in _compose_tools() if t[0].endswith("podman-compose") or t[0].endswith("docker-compose")]
+    assert tools, "no compose implementation (podman-compose is in the dev extra)"
+    resolved = _run([*tools[0], "--env-file", str(DOCKER / ".env.example"), "-f", str(COMPOSE), "--profile", "gpu", "config"], cwd=ROOT)
+    services = yaml.safe_load(resolved.stdout)["services"]
+    image_env = {}
+    for name in ("Dockerfile", "Dockerfile.gpu"):  # the ENV lines of each image, STREAMSERVER_ ones
+        text = (DOCKER / name).read_text().replace("\\\n", " ")
+        image_env[name] = dict(re.findall(r"(STREAMSERVER_[A-Z_]+)=(\S+)", " ".join(l for l in text.splitlines() if l.startswith("ENV"))))
+    checked = 0
+    for name, service in services.items():
+        if "streamserver" not in str(service.get("image", "")):
+            continue
+        environment = service.get("environment") or {}
+        if isinstance(environment, list):
+            environment = dict(e.split("=", 1) for e in environment)
+        dockerfile = Path(service["build"]["dockerfile"]).name
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMSERVER_")}
+        env |= image_env[dockerfile] | {k: str(v) for k, v in environment.items()}
+        done = _run([sys.executable, "-m", "streamserver", *service["command"], "--help"], env=env, check=False)
+        assert done.returncode == 0, (name, done.stderr[-2000:])
+        checked += 1
+    assert checked >= 4, services.keys()  # gateway, two CPU workers, the GPU worker
+
+
 @pytest.fixture(scope="module")
 def redis_image(engine) -> str:
     """Redis for the stack: the official image where it can be pulled, else Debian's package on
