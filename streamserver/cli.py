@@ -443,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    defaults_from_env(parser)
+    defaults_from_env(parser, argv=list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     return int(args.handler(args))

@@ -26,14 +26,20 @@ def env_name(action: argparse.Action) -> str:
     return PREFIX + action.dest.upper()
 
 
-def defaults_from_env(parser: argparse.ArgumentParser, environ: dict[str, str] | None = None) -> None:
+def defaults_from_env(parser: argparse.ArgumentParser, environ: dict[str, str] | None = None,
+                      argv: list[str] | None = None) -> None:
     """Set each option's default from its environment variable, converted as the flag would be;
-    a bad value is a usage error naming the variable. Recurses into subcommands."""
+    a bad value is a usage error naming the variable. Only the options of the command being run
+    (the first word of argv that is not an option, and its own subcommand): a variable meant for
+    one command (STREAMSERVER_BACKEND=auto for `worker`) must not break another's choices."""
     environ = dict(os.environ if environ is None else environ)
+    words = [a for a in (argv or []) if not a.startswith("-")]
     for action in parser._actions:  # argparse keeps no public list of them
         if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                defaults_from_env(sub, environ)
+            # the first word naming a command (an option's value may come before it)
+            at = next((i for i, word in enumerate(words) if word in action.choices), None)
+            if at is not None:
+                defaults_from_env(action.choices[words[at]], environ, words[at + 1 :])
             continue
         if not action.option_strings or action.dest in ("help", "version"):
             continue

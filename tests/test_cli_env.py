@@ -14,7 +14,7 @@ from streamserver.cli_env import JsonLines, Redacting, defaults_from_env
 
 def parse(environ: dict[str, str], argv: list[str]):  # noqa: ANN201 - a Namespace
     parser = cli.build_parser()
-    defaults_from_env(parser, environ)
+    defaults_from_env(parser, environ, argv)
     return parser.parse_args(argv)
 
 
@@ -25,6 +25,15 @@ def test_every_flag_is_also_an_environment_variable():
     assert (args.redis_url, args.max_queued, args.port, args.vad_hangover_ms) == ("redis://central:6379/0", [10, 5, 2], 9000, 300)
     assert args.ice_server == ["stun:a:3478", "turn:b:3478"]
     assert parse({"STREAMSERVER_PORT": "9000"}, ["gateway", "--redis-url", "redis://x", "--port", "7000"]).port == 7000  # a flag wins
+
+
+def test_a_variable_for_one_command_leaves_the_others_alone():
+    """STREAMSERVER_BACKEND=auto is a worker's choice (`engine build --backend` takes tensorrt
+    only, `transcribe --precision` no fp16): only the command being run reads its variables."""
+    environ = {"STREAMSERVER_BACKEND": "auto", "STREAMSERVER_PRECISION": "fp16", "STREAMSERVER_REDIS_URL": "redis://x"}
+    assert parse(environ, ["worker"]).backend == "auto"
+    assert parse(environ, ["intent", "hello"]).texts == ["hello"]
+    assert parse(environ, ["--log-level", "debug", "worker"]).log_level == "debug"
 
 
 def test_a_bad_environment_value_is_a_usage_error(capsys):

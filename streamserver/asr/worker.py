@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import socket
 import time
 
@@ -35,7 +36,9 @@ BATCH_BUDGET_S = 1.0
 
 
 def worker_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """Unique per start: a container restarted keeps its hostname and PID 1, and a worker that
+    came back under its old name would never have its dead self's jobs claimed (only timed out)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 class AsrWorker:
