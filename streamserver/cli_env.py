@@ -74,8 +74,8 @@ _TOKEN = re.compile(r"(token=)[^&\s\"']+")
 class Redacting(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if "token=" in message:
-            record.msg, record.args = _TOKEN.sub(r"\1<redacted>", message), ()
+        if "token=" in message:  # the message is formatted already: a "%" in it (a URL) must stay literal
+            record.msg, record.args = _TOKEN.sub(r"\1<redacted>", message).replace("%", "%%"), ()
         return True
 
 

@@ -64,3 +64,9 @@ def test_turn_servers_carry_their_credentials(tmp_path):
     assert cli._ice_servers(args) == [{"urls": ["stun:s:3478"]},
                                       {"urls": ["turn:t:3478?transport=udp"], "username": "u", "credential": "c"},
                                       {"urls": ["turns:relay.school:5349"], "username": "u2", "credential": "c2"}]
+
+
+def test_a_redacted_message_keeps_its_percent_signs():
+    record = logging.LogRecord("aiohttp.access", logging.INFO, __file__, 1, '"GET %s" %d', ("/ws/ingest?token=a.b&name=Ann%20B", 101), None)
+    Redacting().filter(record)
+    assert record.getMessage() == '"GET /ws/ingest?token=<redacted>&name=Ann%20B" 101'
