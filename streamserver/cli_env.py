@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 
 PREFIX = "STREAMSERVER_"
@@ -74,8 +75,8 @@ _TOKEN = re.compile(r"(token=)[^&\s\"']+")
 class Redacting(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if "token=" in message:  # the message is formatted already: a "%" in it (a URL) must stay literal
-            record.msg, record.args = _TOKEN.sub(r"\1<redacted>", message).replace("%", "%%"), ()
+        if "token=" in message:  # formatted already: with no args, getMessage leaves "%" alone
+            record.msg, record.args = _TOKEN.sub(r"\1<redacted>", message), ()
         return True
 
 
@@ -88,8 +89,20 @@ class JsonLines(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is now (a test harness swaps it), not the one at set-up."""
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # noqa: ANN001
+        pass
+
+
 def configure_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler()
+    handler = _Stderr()
     handler.addFilter(Redacting())
     if fmt == "json":
         handler.setFormatter(JsonLines())
