@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from streamserver.loadsim import report
@@ -67,6 +68,21 @@ def test_lost_counts_the_clips_students_said():
     assert silent.lost() == 1 and silent.lost_vs_queued() is None and silent.never_queued() is None
 
 
+def test_latency_from_the_students_clock():
+    """Beside the latency from the server's end_of_speech_ts, the one from the moment the clip's
+    last audio left the student: audio that reached a backlogged server 2 s late shows in it."""
+    tally = Tally(t0=0.0)
+    for student in ("ann", "ann", "bo"):
+        tally.clip_sent(student)
+    tally.sent_at = {"ann": [10.0, 20.0], "bo": [30.0]}
+    events = [("u1", "ann", 12.0, 12.8), ("u2", "ann", 20.1, 20.9), ("u3", "bo", 30.1, 30.9), ("u4", "bo", 40.0, 40.5)]
+    for uid, student, eos, arrived in events:
+        tally.feed_event({"type": "transcript", "utterance_id": uid, "student_id": student, "end_of_speech_ts": eos}, arrived, False)
+    assert sorted(np.round(tally.latencies(), 3)) == [0.5, 0.8, 0.8, 0.8]
+    assert sorted(np.round(tally.latencies_from_clip_end(), 3)) == [0.9, 2.8]  # bo's two transcripts for one clip: left out
+    assert report.build({}, tally, [], False)["latency_from_clip_end_s"]["max"] == pytest.approx(2.8)
+
+
 def test_small_class_over_websocket(redis_url, tmp_path):
     """4 students in one room for 20 s (in two processes): every clip sent comes back once, none
     lost, plots drawn."""
@@ -89,6 +105,8 @@ def test_small_class_over_websocket(redis_url, tmp_path):
     assert report["join_failures"] == 0 and report["busy_rejections"] == 0 and report["disconnects"] == 0
     latency = report["latency_s"]
     assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"] < 5
+    from_clip_end = report["latency_from_clip_end_s"]  # every student's clips and transcripts pair up here
+    assert 0 < from_clip_end["p50"] <= from_clip_end["max"] < latency["max"] + 1
     assert len(report["timeline"]) >= 15 and max(row["connected"] for row in report["timeline"]) == 4
     for plot in ("latency_cdf.png", "latency_over_time.png", "active_speakers.png", "queue_depth.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

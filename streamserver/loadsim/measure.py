@@ -13,6 +13,13 @@ with no transcript: lost in recognition) and never_queued (per student, clips se
 utterances announced: lost before recognition, in the transport or the VAD). Clips the simulator
 itself never finished sending (it fell behind real time, or the connection closed) are
 clips_unsent, never part of utterances_sent.
+
+latency_s starts at the server's end_of_speech_ts, the arrival of the last voiced audio: audio
+that reached the server late (a backlogged transport) does not show in it. latency_from_clip_end_s
+starts when the clip's last audio left the student (client clock), for the students whose
+transcripts and clips pair up one to one: it is below latency_s by the quiet end of each clip
+(the last voiced audio comes before the clip's end, ~0.1-0.3 s) and above it by however late the
+audio reached the server.
 """
 
 from __future__ import annotations
@@ -32,10 +39,13 @@ class Tally:
     t0: float = field(default_factory=time.time)
     utterances_sent: int = 0
     sent_by_student: Counter = field(default_factory=Counter)
+    sent_at: dict[str, list[float]] = field(default_factory=dict)  # student -> when each clip's last audio left (epoch)
     speaking: set[str] = field(default_factory=set)
     # utterance_id -> (seconds since t0 when the dashboard got it, latency in seconds)
     transcripts: dict[str, tuple[float, float]] = field(default_factory=dict)
     received_by_student: Counter = field(default_factory=Counter)
+    # student -> (end_of_speech_ts, dashboard arrival) of each transcript, epoch seconds
+    received_at: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     queued: set[str] = field(default_factory=set)
     queued_by_student: Counter = field(default_factory=Counter)
     duplicates: int = 0
@@ -58,6 +68,7 @@ class Tally:
         self.speaking.discard(student_id)
         self.utterances_sent += 1
         self.sent_by_student[student_id] += 1
+        self.sent_at.setdefault(student_id, []).append(time.time())
 
     def lag(self, seconds: float) -> None:
         self.max_lag_s = max(self.max_lag_s, seconds)
@@ -76,7 +87,7 @@ class Tally:
     # -- students in other processes -------------------------------------------------------
     def snapshot(self) -> dict:
         """The student side of this tally, cumulative, for the parent process (child.py)."""
-        return {"sent": dict(self.sent_by_student), "connected": self.connected, "speaking": len(self.speaking),
+        return {"sent": dict(self.sent_by_student), "sent_at": self.sent_at, "connected": self.connected, "speaking": len(self.speaking),
                 "max_lag_s": self.max_lag_s, "errors": dict(self.errors), **{k: getattr(self, k) for k in COUNTERS}}
 
     def absorb(self, child: int, snap: dict) -> None:
@@ -86,6 +97,7 @@ class Tally:
             new = n - last["sent"].get(student_id, 0)
             self.sent_by_student[student_id] += new
             self.utterances_sent += new
+        self.sent_at.update(snap.get("sent_at", {}))  # each student lives in one child: its whole list
         for key in COUNTERS:
             setattr(self, key, getattr(self, key) + snap[key] - last[key])
         for key, n in snap["errors"].items():
@@ -109,6 +121,7 @@ class Tally:
                 return
             self.transcripts[uid] = (received - self.t0, received - float(event["end_of_speech_ts"]))
             self.received_by_student[event["student_id"]] += 1
+            self.received_at.setdefault(event["student_id"], []).append((float(event["end_of_speech_ts"]), received))
 
     # -- results ---------------------------------------------------------------------------
     def lost(self) -> int:
@@ -135,8 +148,18 @@ class Tally:
     def latencies(self) -> np.ndarray:
         return np.array([lat for _, lat in self.transcripts.values()], dtype=float)
 
-    def latency_stats(self) -> dict[str, float | None]:
-        values = self.latencies()
+    def latencies_from_clip_end(self) -> np.ndarray:
+        """Dashboard arrival minus the time the clip's last audio left the student, for students
+        whose transcripts and clips pair up one to one (in order)."""
+        out = []
+        for student, sent in self.sent_at.items():
+            got = sorted(self.received_at.get(student, []))
+            if len(got) == len(sent):
+                out += [arrived - left for (_, arrived), left in zip(got, sorted(sent))]
+        return np.array(out, dtype=float)
+
+    def latency_stats(self, values: np.ndarray | None = None) -> dict[str, float | None]:
+        values = self.latencies() if values is None else values
         if not values.size:
             return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None}
         p50, p90, p99 = np.percentile(values, [50, 90, 99])

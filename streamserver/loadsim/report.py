@@ -31,7 +31,8 @@ def build(settings: dict[str, Any], tally: Tally, timeline: list[dict], metrics_
         "join_failures": tally.join_failures,
         "busy_rejections": tally.busy_rejections,
         "disconnects": tally.disconnects,
-        "latency_s": tally.latency_stats(),
+        "latency_s": tally.latency_stats(),  # from the server's end_of_speech_ts
+        "latency_from_clip_end_s": tally.latency_stats(tally.latencies_from_clip_end()),  # from the student's clock (measure.py)
         "max_students_connected": max((row["connected"] for row in timeline), default=0),
         "max_active_speakers": max((row["active_speakers"] for row in timeline), default=0),
         "simulator_max_lag_s": round(tally.max_lag_s, 3),  # > 0.1: the simulator itself was overloaded
