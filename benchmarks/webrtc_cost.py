@@ -5,14 +5,19 @@
 
 Starts a redis-server, one `streamserver worker` (tiny.en, so that recognition runs in a process
 of its own and is not counted) and, for each N, a fresh `streamserver gateway --ice-host
-127.0.0.1`. N students join one room over WebRTC, each playing the shipped speech clips
-(streamserver/loadsim/clips) with silences between them, so that a share --speak-ratio of them
-speaks at any moment. Once every student is connected and a few seconds have passed, the
+127.0.0.1`. N students join one room over WebRTC (real aiortc peers: ICE, DTLS, SRTP), each
+speaking the shipped clips (streamserver/loadsim/clips) with silences between them as loadsim
+plans them, so that a share --speak-ratio of them speaks at any moment, until one common end.
+By default their microphones are loadsim's pre-encoded Opus (OpusPlanTrack: the simulator's cost
+is small), each on a clock of its own, so that packets arrive spread over each 20 ms as they do
+from browsers (`--client packets`: on one clock, every student's packet at once, as loadsim sends
+them; `--client aiortc`: aiortc's MediaPlayer, which encodes for every student and falls behind
+real time past ~30 students on 2 cores). Once every student is connected and a few seconds have passed, the
 gateway's CPU (utime + stime of /proc/<pid>/stat, all its threads) and this process's (the
 simulated students) are read over a --window of seconds; the cost per student-second divides by
 the seconds students were streaming within it. RSS per student is the gateway's VmRSS at the end
-of the window minus its RSS before the first student, over N. After the students' files have
-played to their end, every clip they spoke is compared with the utterances the gateway announced
+of the window minus its RSS before the first student, over N. After the streams have ended,
+every clip the students spoke (sent whole) is compared with the utterances the gateway announced
 (`utterance_queued` on the room's feed) and the transcripts, so that lost speech shows.
 
 Each N's figures are appended to --out (a JSON list of runs, newest last).
@@ -24,8 +29,6 @@ import argparse
 import asyncio
 import json
 import os
-import fractions
-import functools
 import random
 import secrets
 import subprocess
@@ -33,34 +36,42 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import av
-import numpy as np
-from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.contrib.media import MediaPlayer
 
 from benchmarks.scaleout import _wait_http
-from streamserver.loadsim import clients
 from streamserver.loadsim.clients import Dashboard, JoinRefused, create_room, join_student, speech_file
-from streamserver.loadsim.scenario import RATE, Clip, Turn, load_clips, plan_turns, render
+from streamserver.loadsim.scenario import Turn, load_clips, plan_turns, render
+from streamserver.loadsim.webrtc_student import PACKET_S, OpusPlanTrack, PacketClock, TimedTrack, encoded_clips
+from streamserver.loadsim.ws_student import PlayHooks
 from tests.redis_server import RedisServer, free_port
 
 EXE = [sys.executable, "-m", "streamserver"]
+UVLOOP_MAIN = "import sys, uvloop; uvloop.install(); from streamserver.cli import main; sys.exit(main())"
 TICK = os.sysconf("SC_CLK_TCK")
 LEAD_S, TAIL_S = 1.0, 1.5  # silence around each student's stream (speech_file)
+IDLE_S = 10.0  # the gateway with no student, before the first joins
 SETTLE_S = 3.0  # after the last join, before the window opens
 JOIN_CONCURRENCY = 8
-CLIENTS = {"packets": "join_student, pre-encoded Opus packets (PacketPlayer)", "aiortc": "join_student, aiortc MediaPlayer (encodes)"}
-PACKET_S = 0.020  # of audio per RTP packet (aiortc's and browsers' Opus)
-OPUS_TIME_BASE = fractions.Fraction(1, 48000)  # RTP's Opus clock
+CLIENTS = {
+    "packets": "loadsim OpusPlanTrack (pre-encoded Opus), one PacketClock for all: every student's packet on one 20 ms tick",
+    "packets-spread": "loadsim OpusPlanTrack (pre-encoded Opus), a PacketClock each: packets spread over the 20 ms as browsers send",
+    "aiortc": "aiortc MediaPlayer (encodes for every student)",
+}
+JOIN_BUDGET_S = 0.15  # per student, before the window opens
+
+
+def cpu_times(pid: int | str = "self") -> tuple[float, float]:
+    """User and system CPU seconds of a process, all its threads, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / TICK, int(fields[12]) / TICK  # utime, stime (fields 14, 15)
 
 
 def cpu_s(pid: int | str = "self") -> float:
-    """User + system CPU seconds of a process, all its threads, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15)
+    return sum(cpu_times(pid))
 
 
 def rss_bytes(pid: int | str = "self") -> int:
@@ -70,111 +81,32 @@ def rss_bytes(pid: int | str = "self") -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def opus_packets(pcm: np.ndarray) -> list[bytes]:
-    """16 kHz mono int16 as 20 ms Opus packets (one encoder, as a browser's microphone would)."""
-    encoder = av.CodecContext.create("libopus", "w")
-    encoder.sample_rate, encoder.layout, encoder.format = RATE, "mono", "s16"
-    encoder.bit_rate, encoder.options = 32000, {"application": "voip"}
-    encoder.time_base = fractions.Fraction(1, RATE)
-    frame_n = RATE * 20 // 1000
-    pcm = np.concatenate([pcm, np.zeros(-pcm.size % frame_n, np.int16)])
-    out: list[bytes] = []
-    for i in range(0, pcm.size, frame_n):
-        frame = av.AudioFrame.from_ndarray(pcm[None, i : i + frame_n], format="s16", layout="mono")
-        frame.sample_rate, frame.pts = RATE, i
-        out += [bytes(p) for p in encoder.encode(frame)]
-    return out + [bytes(p) for p in encoder.encode(None)]
-
-
-@functools.cache
-def encoded(clip: Clip) -> list[bytes]:
-    return opus_packets(np.frombuffer(clip.pcm, "<i2"))
-
-
-SILENCE = opus_packets(np.zeros(RATE // 50, np.int16))[0]
-
-
-class PacketTrack(MediaStreamTrack):
-    """A microphone of pre-encoded Opus packets, one every 20 ms: aiortc's sender packs them
-    into RTP without encoding (`RTCRtpSender` takes an av.Packet as already encoded)."""
-
-    kind = "audio"
-
-    def __init__(self, packets: list[bytes]) -> None:
-        super().__init__()
-        self.packets, self.sent = packets, 0
-        self._start: float | None = None
-
-    async def recv(self) -> av.Packet:
-        if self._start is None:
-            self._start = time.monotonic()
-        wait = self._start + self.sent * PACKET_S - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        if self.sent >= len(self.packets):
-            self.stop()
-            raise MediaStreamError
-        packet = av.Packet(self.packets[self.sent])
-        packet.pts, packet.time_base = self.sent * 960, OPUS_TIME_BASE
-        self.sent += 1
-        return packet
-
-
-def schedule(turns: list[Turn], length_s: float) -> list[bytes]:
-    """A student's stream as packets: silence, and each turn's clip encoded once per process."""
-    slots = [SILENCE] * int(round(length_s / PACKET_S))
-    for turn in turns:
-        at = int(round(turn.start_s / PACKET_S))
-        clip = encoded(turn.clip)[: max(0, len(slots) - at)]
-        slots[at : at + len(clip)] = clip
-    return slots
-
-
-class PacketPlayer:
-    """Stands in for aiortc's MediaPlayer in join_student: the file name picks the packets."""
-
-    streams: dict[str, list[bytes]] = {}
-
-    def __init__(self, path: str, loop: bool = False) -> None:
-        self.audio = PacketTrack(self.streams.pop(path))
-
-
 @dataclass
 class Student:
     index: int
-    clips: int  # clips in its file: each one utterance (tests/test_vad_hangover.py)
-    length_s: float  # of its whole file
+    track: OpusPlanTrack | TimedTrack
     pc: object = None
     student_id: str = ""
     joined_at: float = 0.0  # monotonic
 
     @property
-    def ends_at(self) -> float:
-        return self.joined_at + self.length_s
+    def clips(self) -> int:
+        """Clips this student spoke, all of each sent (each one utterance: tests/test_vad_hangover.py)."""
+        return len(self.track.timetable.turns) - self.track.timetable.unsent
 
 
-@dataclass
-class Run:
-    n: int
-    students: list[Student] = field(default_factory=list)
-    join_failures: Counter = field(default_factory=Counter)
-
-
-async def join(session: aiohttp.ClientSession, url: str, room: dict, student: Student, audio_dir: Path,
-               speak_ratio: float, seed: int, client: str) -> None:
-    rng = random.Random(seed * 100_003 + student.index)
+def microphone(client: str, index: int, end: float, speak_ratio: float, seed: int, clock: PacketClock | None,
+               audio_dir: Path) -> OpusPlanTrack | TimedTrack:
+    """A student's audio until `end` (epoch seconds): its turns drawn as loadsim draws them."""
+    rng = random.Random(seed * 1_000_003 + index)
     clips = load_clips(20)
-    stream_s = student.length_s - LEAD_S - TAIL_S
-    turns = plan_turns(clips, stream_s, speak_ratio, rng)
-    student.clips = len(turns)
-    wav = audio_dir / f"s{student.index:04d}.wav"
-    if client == "packets":
-        PacketPlayer.streams[str(wav)] = schedule([Turn(t.start_s + LEAD_S, t.clip) for t in turns], student.length_s)
-    else:
-        speech_file(wav, render(turns, stream_s), LEAD_S, TAIL_S)
-    student.pc = await join_student(session, url, room, f"s{student.index:04d}", wav)
-    student.student_id = student.pc.student_id  # type: ignore[attr-defined]
-    student.joined_at = time.monotonic()
+    planner = lambda length: plan_turns(clips, length, speak_ratio, rng)  # noqa: E731
+    if client != "aiortc":  # pre-encoded Opus, on one clock for all or a clock each
+        return OpusPlanTrack(clock or PacketClock(), planner, end, PlayHooks(), lead_s=LEAD_S, clips=encoded_clips())
+    length = end - time.time() - LEAD_S - TAIL_S
+    turns = planner(length)
+    wav = speech_file(audio_dir / f"s{index:04d}.wav", render(turns, length), LEAD_S, TAIL_S)
+    return TimedTrack(MediaPlayer(str(wav), loop=False).audio, [Turn(t.start_s + LEAD_S, t.clip) for t in turns], PlayHooks())
 
 
 async def packets_sent(students: list[Student]) -> int:
@@ -189,52 +121,56 @@ async def packets_sent(students: list[Student]) -> int:
 
 async def simulate(url: str, admin_token: str, n: int, window_s: float, speak_ratio: float, seed: int,
                    gateway_pid: int, worker_pid: int, client: str) -> dict:
-    run = Run(n)
+    students: list[Student] = []
+    join_failures: Counter = Counter()
     audio_dir = Path(tempfile.mkdtemp(prefix="webrtc-cost-"))
+    clock = PacketClock() if client == "packets" else None
+    if client != "aiortc":
+        encoded_clips()  # once, before the first student
     async with aiohttp.ClientSession() as session:
         room = await create_room(session, url, admin_token, f"cost-{n}")
         dashboard = await Dashboard().open(session, url, room)
         rss0 = rss_bytes(gateway_pid)
+        i0, c0 = time.monotonic(), cpu_s(gateway_pid)  # the gateway's own cost with nobody connected
+        await asyncio.sleep(IDLE_S)
+        idle_cores = (cpu_s(gateway_pid) - c0) / (time.monotonic() - i0)
         started = time.monotonic()
+        # Every student streams until one end: the joins (with room to spare), settling, the window, the tail.
+        end = time.time() + max(5.0, JOIN_BUDGET_S * n) + SETTLE_S + window_s + 4 + TAIL_S
         gate = asyncio.Semaphore(JOIN_CONCURRENCY)
-        done = 0
 
         async def one(i: int) -> None:
-            nonlocal done
             async with gate:
-                # Each file lasts until the window has closed: the joins still to come at the
-                # pace seen so far (with a margin), the settling time, the window and the tail.
-                pace = (time.monotonic() - started) / done if done else 0.5
-                length = LEAD_S + (n - i) * pace * 1.5 + 2 + SETTLE_S + window_s + 4 + TAIL_S
-                student = Student(i, 0, round(length, 2))
+                student = Student(i, microphone(client, i, end, speak_ratio, seed, clock, audio_dir))
                 try:
-                    await join(session, url, room, student, audio_dir, speak_ratio, seed, client)
+                    student.pc = await join_student(session, url, room, f"s{i:04d}", student.track)
                 except JoinRefused as error:
-                    run.join_failures[str(error.status)] += 1
+                    join_failures[str(error.status)] += 1
                     return
                 except Exception as error:  # noqa: BLE001 - counted, the run goes on
-                    run.join_failures[type(error).__name__] += 1
+                    join_failures[type(error).__name__] += 1
                     return
-                run.students.append(student)
-                done += 1
+                student.student_id = student.track.student_id = student.pc.student_id  # type: ignore[attr-defined]
+                student.joined_at = time.monotonic()
+                students.append(student)
 
         await asyncio.gather(*(one(i) for i in range(n)))
         joined_s = time.monotonic() - started
-        print(f"  {len(run.students)}/{n} joined in {joined_s:.1f}s", file=sys.stderr, flush=True)
+        print(f"  {len(students)}/{n} joined in {joined_s:.1f}s", file=sys.stderr, flush=True)
         await asyncio.sleep(SETTLE_S)
-        p0 = await packets_sent(run.students)
-        t0, g0, s0, w0 = time.monotonic(), cpu_s(gateway_pid), cpu_s(), cpu_s(worker_pid)
+        window_s = min(window_s, end - TAIL_S - 1 - time.time())  # joins slower than budgeted: a shorter window
+        p0 = await packets_sent(students)
+        t0, g0, s0, w0, k0 = time.monotonic(), cpu_s(gateway_pid), cpu_s(), cpu_s(worker_pid), cpu_times(gateway_pid)[1]
         await asyncio.sleep(window_s)
-        t1, g1, s1, w1 = time.monotonic(), cpu_s(gateway_pid), cpu_s(), cpu_s(worker_pid)
-        sent_s = (await packets_sent(run.students) - p0) * PACKET_S
+        t1, g1, s1, w1, k1 = time.monotonic(), cpu_s(gateway_pid), cpu_s(), cpu_s(worker_pid), cpu_times(gateway_pid)[1]
+        sent_s = (await packets_sent(students) - p0) * PACKET_S
         rss1 = rss_bytes(gateway_pid)
-        streaming_s = sum(max(0.0, min(t1, s.ends_at) - max(t0, s.joined_at)) for s in run.students)
-        last_end = max((s.ends_at for s in run.students), default=t1)
-        await asyncio.sleep(max(0.0, last_end - time.monotonic()) + 1.0)  # every file played to its end
-        for s in run.students:
+        streaming_s = sum(t1 - max(t0, s.joined_at) for s in students)
+        await asyncio.sleep(max(0.0, end - time.time()) + 2.0)  # every stream to its end
+        for s in students:
             await s.pc.close()
-        ids = {s.student_id for s in run.students}
-        spoken = sum(s.clips for s in run.students)
+        ids = {s.student_id for s in students}
+        spoken = sum(s.clips for s in students)
         # the utterances closed by the last silence, then their transcripts
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -247,12 +183,12 @@ async def simulate(url: str, admin_token: str, n: int, window_s: float, speak_ra
         await dashboard.close()
     kinds = Counter(e["type"] for e in dashboard.events if e.get("student_id") in ids)
     per_student = Counter(e["student_id"] for e in dashboard.events if e["type"] == "utterance_queued")
-    short = sum(max(0, s.clips - per_student[s.student_id]) for s in run.students)
+    short = sum(max(0, s.clips - per_student[s.student_id]) for s in students)
     window = t1 - t0
     return {
         "students": n,
-        "joined": len(run.students),
-        "join_failures": dict(run.join_failures),
+        "joined": len(students),
+        "join_failures": dict(join_failures),
         "join_s": round(joined_s, 1),
         "window_s": round(window, 1),
         "student_seconds": round(streaming_s, 1),
@@ -261,9 +197,11 @@ async def simulate(url: str, admin_token: str, n: int, window_s: float, speak_ra
         "audio_s_sent": round(sent_s, 1),  # below student_seconds when the students fall behind real time
         "gateway_cpu_ms_per_audio_s": round((g1 - g0) * 1000 / sent_s, 2) if sent_s else None,
         "gateway_cores": round((g1 - g0) / window, 3),
+        "gateway_system_share": round((k1 - k0) / (g1 - g0), 3) if g1 > g0 else None,  # of its CPU, in the kernel
+        "gateway_idle_cores": round(idle_cores, 4),
         "gateway_rss_mb_idle": round(rss0 / 2**20, 1),
         "gateway_rss_mb": round(rss1 / 2**20, 1),
-        "gateway_rss_kb_per_student": round((rss1 - rss0) / 1024 / max(1, len(run.students)), 1),
+        "gateway_rss_kb_per_student": round((rss1 - rss0) / 1024 / max(1, len(students)), 1),
         "simulator_cpu_ms_per_student_s": round((s1 - s0) * 1000 / streaming_s, 2) if streaming_s else None,
         "simulator_cores": round((s1 - s0) / window, 3),
         "worker_cpu_s": round(w1 - w0, 2),
@@ -284,18 +222,18 @@ def main() -> int:
     p.add_argument("--window", type=float, default=30, help="seconds of measurement, after every student joined")
     p.add_argument("--speak-ratio", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--client", choices=CLIENTS, default="packets",
-                   help="packets: pre-encoded Opus, one encoding per clip; aiortc: join_student, an aiortc MediaPlayer "
-                        "that encodes every student's audio")
+    p.add_argument("--client", choices=CLIENTS, default="packets-spread",
+                   help="; ".join(f"{k}: {v}" for k, v in CLIENTS.items()) + " (default %(default)s)")
     p.add_argument("--label", default="", help="what is measured (e.g. the commit or the step)")
     p.add_argument("--gateway-args", default="", help="more arguments for the gateway")
+    p.add_argument("--uvloop", action="store_true", help="run the gateway on uvloop's event loop (pip install uvloop)")
+    p.add_argument("--gateway-main", type=Path, metavar="FILE",
+                   help="a script run in place of `python -m streamserver` for the gateway (experiments: another event loop)")
     p.add_argument("--server-tree", type=Path, metavar="DIR",
                    help="run the gateway from this checkout (e.g. `git worktree add DIR <commit>`): before and after, one simulator")
     p.add_argument("--out", type=Path, required=True, help="JSON list the runs are appended to")
     p.add_argument("--logs", type=Path, help="the processes' logs (default: a temporary folder)")
     args = p.parse_args()
-    if args.client == "packets":
-        clients.MediaPlayer = PacketPlayer  # join_student's microphone
 
     token = os.environ.setdefault("STREAMSERVER_ADMIN_TOKEN", "webrtc-cost-admin")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "STREAMSERVER_SECRET": os.environ.get("STREAMSERVER_SECRET") or secrets.token_hex(32)}
@@ -319,8 +257,11 @@ def main() -> int:
         _wait_http(f"http://127.0.0.1:{mport}/readyz", 180, "worker", worker)
         for n in args.students:
             port = free_port()
+            exe = [sys.executable, "-c", UVLOOP_MAIN] if args.uvloop else EXE
+            if args.gateway_main:
+                exe = [sys.executable, str(args.gateway_main)]
             gateway = subprocess.Popen(
-                EXE + ["gateway", "--port", str(port), "--redis-url", redis.url, "--ice-host", "127.0.0.1",
+                exe + ["gateway", "--port", str(port), "--redis-url", redis.url, "--ice-host", "127.0.0.1",
                        *args.gateway_args.split()],
                 env=env, stdout=open(logs / f"gateway-{n}.log", "w"), stderr=subprocess.STDOUT, cwd=args.server_tree,
             )
@@ -333,7 +274,8 @@ def main() -> int:
             finally:
                 gateway.terminate()
                 gateway.wait(10)
-            result.update(label=args.label, commit=commit + ("+dirty" if dirty else ""), client=CLIENTS[args.client],
+            result.update(label=args.label, event_loop="uvloop" if args.uvloop else "asyncio",
+                          gateway_main=str(args.gateway_main or "python -m streamserver"), commit=commit + ("+dirty" if dirty else ""), client=CLIENTS[args.client],
                           speak_ratio=args.speak_ratio, cpus=os.cpu_count(), date=time.strftime("%Y-%m-%d %H:%M"))
             print(json.dumps(result), file=sys.stderr, flush=True)
             results.append(result)

@@ -13,6 +13,8 @@ import time
 import tomllib
 from pathlib import Path
 
+import aioice
+import aioice.ice
 import aiortc
 import av
 import numpy as np
@@ -20,6 +22,7 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcdtlstransport import RTCDtlsTransport
+from aiortc.rtcicetransport import RTCIceTransport
 from aiortc.rtcrtpreceiver import StreamStatistics
 
 from streamserver.audio.pacing import Pacer
@@ -35,10 +38,11 @@ SAMPLES = 320  # ... at 16 kHz
 
 # --- the aiortc it is built on ------------------------------------------------------------------
 
-def test_aiortc_is_the_pinned_version():
+def test_aiortc_and_aioice_are_the_pinned_versions():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pinned = next(d for d in deps if d.startswith("aiortc"))
-    assert pinned == f"aiortc=={aiortc.__version__}", "rtp_audio.py relies on aiortc internals: re-check them"
+    for module in (aiortc, aioice):
+        pinned = next(d for d in deps if d.startswith(module.__name__ + "="))
+        assert pinned == f"{module.__name__}=={module.__version__}", "rtp_audio.py relies on their internals: re-check them"
 
 
 def _parameters(function) -> list[str]:  # noqa: ANN001
@@ -56,8 +60,16 @@ def test_the_aiortc_internals_it_relies_on_are_there():
 
     receiver = asyncio.run(body())
     assert type(receiver) is RTCRtpReceiver  # aiortc builds its receivers itself, of this class
+    instances = {RTCRtpReceiver: receiver, RTCDtlsTransport: receiver.transport, RTCIceTransport: receiver.transport.transport}
     for cls, name in rtp_audio.AIORTC_INTERNALS:
-        assert isinstance(receiver, cls) and hasattr(receiver, name), name
+        assert type(instances[cls]) is cls and hasattr(instances[cls], name), (cls, name)
+    assert type(receiver.transport.transport._connection) is aioice.Connection
+    assert _parameters(aioice.Connection.data_received) == ["self", "data", "component"]
+    assert "self.receiver.data_received(data, self.local_candidate.component)" in inspect.getsource(
+        aioice.ice.StunProtocol.datagram_received)
+    recv_next = inspect.getsource(RTCDtlsTransport._recv_next)  # what the shortcut does in its place
+    assert "data = self._rx_srtp.unprotect(data)" in recv_next and "first_byte > 127 and first_byte < 192" in recv_next
+    assert "RtpPacket.parse(data, self._rtp_header_extensions_map)" in inspect.getsource(RTCDtlsTransport._handle_rtp_data)
     # the methods overridden, as aiortc calls them
     assert _parameters(RTCRtpReceiver.receive) == ["self", "parameters"]
     assert _parameters(RTCRtpReceiver._handle_rtp_packet) == ["self", "packet", "arrival_time_ms"]
@@ -247,6 +259,8 @@ def test_a_peer_is_decoded_in_the_event_loop_and_ends_once(packets):
                 break
             await asyncio.sleep(0.05)
         threads = [t.name for t in threading.enumerate()]
+        shortcut = server.getTransceivers()[0].receiver.transport.transport._connection
+        assert type(shortcut) is rtp_audio._SrtpShortcut and shortcut._srtp is not None
         await client.close()
         for _ in range(100):
             if ended:

@@ -30,10 +30,14 @@ import logging
 from pathlib import Path
 from typing import Callable
 
+import aioice
 import numpy as np
+import pylibsrtp
 from aiortc import RTCRtpReceiver
+from aiortc.rtcdtlstransport import RTCDtlsTransport
+from aiortc.rtcicetransport import RTCIceTransport
 from aiortc.rtcrtpreceiver import StreamStatistics
-from aiortc.rtp import RtcpByePacket, RtpPacket
+from aiortc.rtp import RtcpByePacket, RtpPacket, is_rtcp
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,9 @@ AIORTC_INTERNALS = (
     (RTCRtpReceiver, "_RTCRtpReceiver__decoder_thread"),
     (RTCRtpReceiver, "_track"),
     (RTCRtpReceiver, "_enabled"),
+    (RTCIceTransport, "_connection"),
+    (RTCDtlsTransport, "_rx_srtp"),
+    (RTCDtlsTransport, "_rtp_header_extensions_map"),
 )
 
 
@@ -205,18 +212,37 @@ class Reorder:
             self.on_pcm(pcm)
 
 
+class _SrtpShortcut(aioice.Connection):
+    """aioice's ICE connection of one peer, handing its SRTP packets (not SRTCP, DTLS or STUN)
+    straight to the student's receiver from the datagram callback: no queue, no hop to the DTLS
+    transport's task and its chain of coroutines per packet. Set on the connection of an
+    AudioReceiver's peer once DTLS is up (its SRTP keys are set then); everything else keeps
+    aiortc's path."""
+
+    _srtp: Callable[[bytes], None] | None = None
+
+    def data_received(self, data: bytes, component: int) -> None:
+        if self._srtp is not None and 127 < data[0] < 192 and not is_rtcp(data):
+            self._srtp(data)
+        else:
+            super().data_received(data, component)
+
+
 class AudioReceiver(RTCRtpReceiver):
     """aiortc's receiver for one student's audio, decoding in the event loop: no decoder thread,
-    no decoded frames through the track. RTCP (receiver reports, BYE), stats and stopping stay
-    aiortc's. Installed with install(); never constructed."""
+    no decoded frames through the track, its SRTP taken at the ICE connection (_SrtpShortcut).
+    RTCP (receiver reports, BYE), stats and stopping stay aiortc's. Installed with install();
+    never constructed."""
 
     _reorder: Reorder
     _on_end: Callable[[], None]
     _on_error: Callable[[BaseException], None]
     _ended: bool
+    _ssrc: int | None
 
     async def receive(self, parameters) -> None:  # noqa: ANN001 - aiortc's RTCRtpReceiveParameters
-        """aiortc's receive() without its decoder thread: the codecs, the transport's routing and RTCP."""
+        """aiortc's receive() without its decoder thread: the codecs, the transport's routing and
+        RTCP; then the shortcut for SRTP."""
         if self._RTCRtpReceiver__started:
             return
         for codec in parameters.codecs:
@@ -224,13 +250,38 @@ class AudioReceiver(RTCRtpReceiver):
         self.transport._register_rtp_receiver(self, parameters)
         self._RTCRtpReceiver__rtcp_task = asyncio.ensure_future(self._run_rtcp())
         self._RTCRtpReceiver__started = True
+        self._take_srtp()
+
+    def _take_srtp(self) -> None:
+        dtls = self.transport
+        connection = dtls.transport._connection
+        srtp, extensions = dtls._rx_srtp, dtls._rtp_header_extensions_map
+        if srtp is None or type(connection) not in (aioice.Connection, _SrtpShortcut):
+            return  # aiortc's own path carries the packets
+
+        def on_srtp(data: bytes) -> None:
+            try:
+                packet = RtpPacket.parse(srtp.unprotect(data), extensions)
+            except (pylibsrtp.Error, ValueError):  # not this peer's, replayed, or garbled: dropped, as aiortc does
+                return
+            self._receive(packet)
+
+        connection.__class__ = _SrtpShortcut
+        connection._srtp = on_srtp
 
     async def _handle_rtp_packet(self, packet: RtpPacket, arrival_time_ms: int) -> None:
+        self._receive(packet)  # packets aiortc's path carried (before the shortcut was set)
+
+    def _receive(self, packet: RtpPacket) -> None:
         if not self._enabled or self._ended:
             return
         codec = self._RTCRtpReceiver__codecs.get(packet.payload_type)
         if codec is None:
             return
+        if packet.ssrc != self._ssrc:  # the student's one stream (the shortcut does not route by SSRC)
+            if self._ssrc is not None:
+                return
+            self._ssrc = packet.ssrc
         streams = self._RTCRtpReceiver__remote_streams
         stats = streams.get(packet.ssrc)
         if stats is None:
@@ -258,9 +309,12 @@ class AudioReceiver(RTCRtpReceiver):
         if self._ended:
             return
         self._ended = True
+        connection = self.transport.transport._connection
+        if isinstance(connection, _SrtpShortcut):
+            connection._srtp = None
         try:
             self._reorder.flush()
-        except Exception as error:  # noqa: BLE001 - as in _handle_rtp_packet
+        except Exception as error:  # noqa: BLE001 - as in _receive
             self._on_error(error)
         if self._track is not None:
             self._track.stop()
@@ -281,5 +335,5 @@ def install(receiver: RTCRtpReceiver, on_pcm: Callable[[np.ndarray], None], on_e
     receiver.__class__ = AudioReceiver
     assert isinstance(receiver, AudioReceiver)
     receiver._reorder = Reorder(on_pcm)
-    receiver._on_end, receiver._on_error, receiver._ended = on_end, on_error, False
+    receiver._on_end, receiver._on_error, receiver._ended, receiver._ssrc = on_end, on_error, False, None
     return receiver
