@@ -5,6 +5,7 @@ encoding client, not the server, is what lost the speech of 50 WebRTC students (
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 
@@ -19,7 +20,7 @@ from streamserver.audio.segmenter import DIGITAL_SILENCE, SegmenterConfig, Utter
 from streamserver.loadsim import students
 from streamserver.loadsim.run import LoadConfig, Run
 from streamserver.loadsim.scenario import RATE, load_clips, plan_turns, render
-from streamserver.loadsim.webrtc_student import PACKET_SAMPLES, OpusPlanTrack, PacketClock, encoded_clips
+from streamserver.loadsim.webrtc_student import CONSENT_EXPIRED, PACKET_SAMPLES, OpusPlanTrack, PacketClock, encoded_clips, on_consent_expired
 from streamserver.loadsim.ws_student import PlayHooks
 from tests.server_process import ADMIN_TOKEN, ServerProcess
 
@@ -116,6 +117,21 @@ def test_packet_clock_releases_every_track_on_one_grid_and_reports_lag():
     elapsed, done = asyncio.run(main())
     assert 0.18 <= elapsed < 0.6 and max(done) - min(done) < 0.05  # 20 ticks of 10 ms, all tracks together
     assert lags and max(lags) >= 0.05
+
+
+def test_consent_expiry_is_counted_and_aioice_stays_quiet(caplog):
+    """aioice closes a connection whose consent checks went unanswered six times (~30 s: what a
+    server reading its sockets seconds late does to its students) with one INFO line; the
+    simulator counts those lines, and lets no other INFO line of aioice through (one per check)."""
+    expired: list[int] = []
+    on_consent_expired(lambda: expired.append(1))
+    log = logging.getLogger("aioice.ice")
+    with caplog.at_level(logging.INFO):
+        log.info("%s " + CONSENT_EXPIRED, "Connection(3)")
+        log.info("%s Check %s State.IN_PROGRESS -> State.SUCCEEDED", "Connection(3)", "pair")
+        log.warning("%s something worth a warning", "Connection(3)")
+    assert expired == [1]
+    assert [r.levelname for r in caplog.records if r.name == "aioice.ice"] == ["WARNING"]
 
 
 def test_encoding_client_falls_behind_where_the_packets_client_does_not(monkeypatch, tmp_path):

@@ -88,12 +88,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"loadsim: error: could not set up the class on {', '.join(config.urls)}: {type(error).__name__}: {error}", file=sys.stderr)
         return 2
     summary = {k: result[k] for k in ("utterances_sent", "transcripts_received", "duplicates", "lost", "lost_vs_queued", "never_queued",
-                                      "clips_unsent", "join_failures", "busy_rejections", "simulator_max_lag_s", "latency_s",
-                                      "latency_from_clip_end_s")}
+                                      "clips_unsent", "join_failures", "busy_rejections", "disconnects", "ice_consent_expired",
+                                      "simulator_max_lag_s", "latency_s", "latency_from_clip_end_s")}
     print(json.dumps(summary), flush=True)
     print(f"loadsim: clips sent {result['utterances_sent']}, transcripts {result['transcripts_received']}, lost {result['lost']}"
           f" (queued without transcript {_or_dash(result['lost_vs_queued'])}, never queued {_or_dash(result['never_queued'])}),"
-          f" duplicates {result['duplicates']}, clips not sent {result['clips_unsent']}, simulator lag {result['simulator_max_lag_s']} s",
+          f" duplicates {result['duplicates']}, clips not sent {result['clips_unsent']}, connections lost {result['disconnects']}"
+          f" (ICE consent expired on the students' side {result['ice_consent_expired']}), simulator lag {result['simulator_max_lag_s']} s",
           file=sys.stderr, flush=True)
     if result["clips_unsent"] or result["simulator_max_lag_s"] > 0.1:
         print("loadsim: warning: the simulator fell behind real time: use --processes, or fewer students per process",

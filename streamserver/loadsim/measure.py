@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MAX_ERRORS = 20  # distinct join/stream errors kept for the report
-COUNTERS = ("join_failures", "busy_rejections", "disconnects", "clips_unsent")
+COUNTERS = ("join_failures", "busy_rejections", "disconnects", "clips_unsent", "ice_consent_expired")
 
 
 @dataclass
@@ -54,6 +54,7 @@ class Tally:
     busy_rejections: int = 0
     disconnects: int = 0
     clips_unsent: int = 0  # clips of the students' plans the simulator did not finish sending
+    ice_consent_expired: int = 0  # students' connections closed by their own side: the server stopped answering consent checks
     max_lag_s: float = 0.0
     errors: Counter = field(default_factory=Counter)
     # students run by child processes (run.py): their latest (connected, speaking) and snapshot

@@ -31,6 +31,8 @@ def build(settings: dict[str, Any], tally: Tally, timeline: list[dict], metrics_
         "join_failures": tally.join_failures,
         "busy_rejections": tally.busy_rejections,
         "disconnects": tally.disconnects,
+        # of them, closed by the students' own ICE: the server answered no consent check for ~30 s
+        "ice_consent_expired": tally.ice_consent_expired,
         "latency_s": tally.latency_stats(),  # from the server's end_of_speech_ts
         "latency_from_clip_end_s": tally.latency_stats(tally.latencies_from_clip_end()),  # from the student's clock (measure.py)
         "max_students_connected": max((row["connected"] for row in timeline), default=0),

@@ -16,7 +16,7 @@ from aiortc.contrib.media import MediaPlayer
 from streamserver.loadsim.clients import JoinRefused, join_student, speech_file
 from streamserver.loadsim.measure import Tally
 from streamserver.loadsim.scenario import Turn, load_clips, plan_turns, render
-from streamserver.loadsim.webrtc_student import OpusPlanTrack, PacketClock, TimedTrack, encoded_clips
+from streamserver.loadsim.webrtc_student import OpusPlanTrack, PacketClock, TimedTrack, encoded_clips, on_consent_expired
 from streamserver.loadsim.ws_student import Pacer, PlayHooks, WsStudent
 
 # Silence before a WebRTC student's first clip: the packets client starts its plan when the
@@ -55,13 +55,18 @@ class StudentPool:
 
     async def run(self, indices: range | list[int]) -> None:
         """Students `indices` of the run (student i sits in room i mod rooms), until the end."""
-        if self.plan.webrtc_client == "packets" and any(self.plan.webrtc[i] for i in indices):
-            encoded_clips(self.plan.frame_ms)  # once, before the first student: not on the running loop's time
+        if any(self.plan.webrtc[i] for i in indices):
+            on_consent_expired(self._consent_expired)
+            if self.plan.webrtc_client == "packets":
+                encoded_clips(self.plan.frame_ms)  # once, before the first student: not on the running loop's time
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=15)
         joins = asyncio.Semaphore(self.plan.join_concurrency)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
             with tempfile.TemporaryDirectory(prefix="loadsim-") as tmp:
                 await asyncio.gather(*(self._student(session, i, joins, Path(tmp)) for i in indices))
+
+    def _consent_expired(self) -> None:
+        self.tally.ice_consent_expired += 1
 
     def _remaining_s(self) -> float:
         return self.plan.end - time.time()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import fractions
 import functools
+import logging
 import time
 from typing import Callable
 
@@ -43,6 +44,40 @@ BITRATE = 32_000  # a browser's default for mono speech
 # seams, and the encoder has settled before the speech starts).
 LEAD_PACKETS = 5
 TAIL_PACKETS = 10
+
+
+CONSENT_EXPIRED = "Consent to send expired"  # aioice's INFO line when it closes a connection for it
+
+
+class _ConsentWatch(logging.Filter):
+    """On aioice's logger: counts the connections of this process that aioice closed because six
+    consent checks in a row (RFC 7675, one every ~5 s, 0.5 s each, no retransmission) went
+    unanswered, which is how a peer that reads its socket seconds late loses its students ~30 s
+    in; every other INFO line of aioice is dropped as before (it logs each ICE check)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listeners: list[Callable[[], None]] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and str(record.msg).endswith(CONSENT_EXPIRED):
+            for listener in self.listeners:
+                listener()
+        return record.levelno >= logging.WARNING
+
+
+@functools.cache
+def _consent_watch() -> _ConsentWatch:
+    watch = _ConsentWatch()
+    logger = logging.getLogger("aioice.ice")
+    logger.addFilter(watch)
+    logger.setLevel(logging.INFO)  # the filter lets only its warnings through
+    return watch
+
+
+def on_consent_expired(listener: Callable[[], None]) -> None:
+    """Call `listener` whenever this process's aioice closes a connection for lack of consent."""
+    _consent_watch().listeners.append(listener)
 
 
 def opus_packets(pcm16k: np.ndarray) -> list[bytes]:
