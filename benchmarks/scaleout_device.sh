@@ -127,8 +127,9 @@ r = json.load(open(sys.argv[1]))
 p99_max = float(sys.argv[2])
 lat, sc = r.get("latency_s", {}), r.get("scenario", {})
 print(json.dumps({k: r.get(k) for k in ("students", "max_students_connected", "utterances_sent", "utterances_queued",
-      "transcripts_received", "lost", "lost_basis", "duplicates", "join_failures", "busy_rejections", "disconnects",
-      "max_active_speakers", "simulator_max_lag_s", "latency_s", "errors")}, indent=1))
+      "transcripts_received", "lost", "lost_vs_queued", "never_queued", "clips_unsent", "duplicates", "join_failures",
+      "busy_rejections", "disconnects", "ice_consent_expired", "max_active_speakers", "simulator_max_lag_s", "latency_s",
+      "latency_from_clip_end_s", "errors")}, indent=1))
 ok = (r.get("max_students_connected", 0) >= r.get("students", 1) and r.get("transcripts_received", 0) > 0
       and r.get("lost") == 0 and r.get("duplicates") == 0 and lat.get("p99") is not None
       and lat["p99"] <= p99_max and r.get("students", 0) >= 2000)  # >= 2,000 students, p99 <= P99_MAX

@@ -47,6 +47,7 @@ from streamserver.loadsim.clients import Dashboard, JoinRefused, create_room, jo
 from streamserver.loadsim.scenario import Turn, load_clips, plan_turns, render
 from streamserver.loadsim.webrtc_student import PACKET_S, OpusPlanTrack, PacketClock, TimedTrack, encoded_clips
 from streamserver.loadsim.ws_student import PlayHooks
+from streamserver.transport.udp import DrainingEventLoop
 from tests.redis_server import RedisServer, free_port
 
 EXE = [sys.executable, "-m", "streamserver"]
@@ -258,19 +259,22 @@ def main() -> int:
         for n in args.students:
             port = free_port()
             exe = [sys.executable, "-c", UVLOOP_MAIN] if args.uvloop else EXE
-            if args.gateway_main:
-                exe = [sys.executable, str(args.gateway_main)]
+            gateway_env = env
+            if args.gateway_main:  # a script: the package from the tree measured, not the editable install's
+                exe = [sys.executable, str(args.gateway_main.resolve())]
+                gateway_env = {**env, "PYTHONPATH": str(tree.resolve())}
             gateway = subprocess.Popen(
                 exe + ["gateway", "--port", str(port), "--redis-url", redis.url, "--ice-host", "127.0.0.1",
                        *args.gateway_args.split()],
-                env=env, stdout=open(logs / f"gateway-{n}.log", "w"), stderr=subprocess.STDOUT, cwd=args.server_tree,
+                env=gateway_env, stdout=open(logs / f"gateway-{n}.log", "w"), stderr=subprocess.STDOUT, cwd=args.server_tree,
             )
             url = f"http://127.0.0.1:{port}"
             try:
                 _wait_http(url + "/readyz", 60, "gateway", gateway)
                 print(f"{n} WebRTC students, window {args.window:.0f}s", file=sys.stderr, flush=True)
-                result = asyncio.run(simulate(url, token, n, args.window, args.speak_ratio, args.seed, gateway.pid, worker.pid,
-                                              args.client))
+                with asyncio.Runner(loop_factory=DrainingEventLoop) as runner:  # the students' UDP read as loadsim reads it
+                    result = runner.run(simulate(url, token, n, args.window, args.speak_ratio, args.seed, gateway.pid, worker.pid,
+                                                 args.client))
             finally:
                 gateway.terminate()
                 gateway.wait(10)

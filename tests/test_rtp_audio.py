@@ -122,6 +122,43 @@ def packets(speech) -> list[bytes]:
     return _encode(speech)
 
 
+def _rtp(csrc: int = 0, extension: bytes | None = None, padding: int = 0, payload: bytes = b"opus-bytes") -> bytes:
+    from aiortc.rtp import RtpPacket
+
+    packet = RtpPacket(payload_type=111, sequence_number=65530, timestamp=4_000_000_000, ssrc=0x1234ABCD, payload=payload)
+    packet.csrc = list(range(1, csrc + 1))
+    data = bytearray(packet.serialize())
+    if extension is not None:  # one-byte-header extension block, as browsers send (audio level ...)
+        data[0] |= 0x10
+        words = (len(extension) + 3) // 4
+        block = b"\xbe\xde" + words.to_bytes(2, "big") + extension.ljust(4 * words, b"\0")
+        at = 12 + 4 * csrc
+        data[at:at] = block
+    if padding:
+        data[0] |= 0x20
+        data += bytes(padding - 1) + bytes([padding])
+    return bytes(data)
+
+
+@pytest.mark.parametrize("shape", [{}, {"csrc": 2}, {"extension": b"\x10\x7f\x22\x00\x01\x02"}, {"padding": 4},
+                                   {"csrc": 1, "extension": b"\x10\x05", "padding": 2}])
+def test_the_lean_rtp_parse_reads_what_aiortcs_parse_reads(shape):
+    from aiortc.rtp import RtpPacket
+
+    data = _rtp(**shape)
+    theirs, ours = RtpPacket.parse(data), rtp_audio.parse_rtp(data)
+    assert (ours.payload_type, ours.sequence_number, ours.timestamp, ours.ssrc, ours.payload) == (
+        theirs.payload_type, theirs.sequence_number, theirs.timestamp, theirs.ssrc, theirs.payload) == (
+        111, 65530, 4_000_000_000, 0x1234ABCD, b"opus-bytes")
+
+
+@pytest.mark.parametrize("data", [b"", b"\x80" * 11, bytes([0x40]) + bytes(15), bytes([0x81]) + bytes(13),
+                                  bytes([0x90]) + bytes(13), _rtp(padding=4)[:-1] + b"\0", bytes([0x90]) + _rtp()[1:12] + b"\xbe\xde\xff\xff"])
+def test_the_lean_rtp_parse_refuses_what_is_not_rtp(data):
+    with pytest.raises(ValueError):
+        rtp_audio.parse_rtp(data)
+
+
 def test_opus_decodes_to_16k_as_48k_plus_resampling_does(packets):
     ours = _decoded(packets)
     assert ours.dtype == np.int16 and ours.size == SAMPLES * len(packets)

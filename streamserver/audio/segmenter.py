@@ -124,10 +124,12 @@ class UtteranceSegmenter:
             self._process(frame, self._is_speech(frame), ts)
 
     def _is_speech(self, frame: np.ndarray) -> bool:
-        if frame.max() <= DIGITAL_SILENCE and frame.min() >= -DIGITAL_SILENCE:
-            return False  # muted: keep it away from the VAD's and our noise estimates
         f = frame.astype(np.float32)
         level = math.sqrt(float(f @ f) / self._n)
+        # muted: keep it away from the VAD's and our noise estimates (a level above the bound
+        # already says some sample is: the two scans only for quiet frames)
+        if level <= DIGITAL_SILENCE and frame.max() <= DIGITAL_SILENCE and frame.min() >= -DIGITAL_SILENCE:
+            return False
         floor = self._floor if self._floor is not None else level
         # minimum tracking: follows the quietest recent frames (the room), not the voice
         self._floor = level if level < floor else floor + FLOOR_RISE * (level - floor)

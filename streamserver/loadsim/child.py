@@ -14,6 +14,7 @@ import sys
 
 from streamserver.loadsim.measure import Tally
 from streamserver.loadsim.students import StudentPlan, StudentPool
+from streamserver.transport.udp import DrainingEventLoop
 
 REPORT_EVERY_S = 0.5
 
@@ -30,4 +31,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=DrainingEventLoop) as runner:  # its students' sockets read like the server's
+        runner.run(main())

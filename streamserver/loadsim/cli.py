@@ -72,6 +72,7 @@ def main(args: argparse.Namespace) -> int:
     import aiohttp  # here, not at the top: `streamserver --help` need not load the client stack
 
     from streamserver.loadsim.run import LoadConfig, Run
+    from streamserver.transport.udp import DrainingEventLoop
 
     if (problem := _check(args)) is not None:
         print(f"loadsim: error: {problem}", file=sys.stderr)
@@ -83,7 +84,8 @@ def main(args: argparse.Namespace) -> int:
         webrtc_client=args.webrtc_client,
     )
     try:
-        result = asyncio.run(Run(config).run(args.report))
+        with asyncio.Runner(loop_factory=DrainingEventLoop) as runner:  # UDP read as the server reads it (transport/udp.py)
+            result = runner.run(Run(config).run(args.report))
     except (AssertionError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:  # no rooms or no feed: no run
         print(f"loadsim: error: could not set up the class on {', '.join(config.urls)}: {type(error).__name__}: {error}", file=sys.stderr)
         return 2

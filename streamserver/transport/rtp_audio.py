@@ -27,8 +27,9 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import struct
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import aioice
 import numpy as np
@@ -63,7 +64,6 @@ AIORTC_INTERNALS = (
     (RTCRtpReceiver, "_enabled"),
     (RTCIceTransport, "_connection"),
     (RTCDtlsTransport, "_rx_srtp"),
-    (RTCDtlsTransport, "_rtp_header_extensions_map"),
 )
 
 
@@ -212,6 +212,44 @@ class Reorder:
             self.on_pcm(pcm)
 
 
+class RtpAudio(NamedTuple):
+    """What the receiver reads of an RTP packet (the names of aiortc's RtpPacket, which
+    StreamStatistics reads too)."""
+
+    payload_type: int
+    sequence_number: int
+    timestamp: int
+    ssrc: int
+    payload: bytes
+
+
+_HEADER = struct.Struct("!BBHLL")
+
+
+def parse_rtp(data: bytes) -> RtpAudio:
+    """An RTP packet's header and payload; header extensions (audio level, transport-wide
+    sequence numbers: nothing the audio needs) skipped rather than parsed as aiortc's
+    RtpPacket.parse does, and no packet object built. ValueError for what is not RTP."""
+    if len(data) < 12:
+        raise ValueError("RTP packet shorter than its header")
+    v_p_x_cc, m_pt, seq, ts, ssrc = _HEADER.unpack_from(data)
+    if v_p_x_cc >> 6 != 2:
+        raise ValueError("not RTP version 2")
+    pos = 12 + 4 * (v_p_x_cc & 0x0F)  # after the CSRCs
+    if v_p_x_cc & 0x10:  # an extension header: 16-bit profile, 16-bit length in words
+        if len(data) < pos + 4:
+            raise ValueError("RTP extension header truncated")
+        pos += 4 + 4 * int.from_bytes(data[pos + 2:pos + 4], "big")
+    end = len(data)
+    if v_p_x_cc & 0x20:  # padding: its length in the last byte
+        end -= data[-1]
+        if data[-1] == 0:
+            raise ValueError("RTP padding length is invalid")
+    if pos > end:
+        raise ValueError("RTP packet truncated")
+    return RtpAudio(m_pt & 0x7F, seq, ts, ssrc, data[pos:end])
+
+
 class _SrtpShortcut(aioice.Connection):
     """aioice's ICE connection of one peer, handing its SRTP packets (not SRTCP, DTLS or STUN)
     straight to the student's receiver from the datagram callback: no queue, no hop to the DTLS
@@ -255,13 +293,13 @@ class AudioReceiver(RTCRtpReceiver):
     def _take_srtp(self) -> None:
         dtls = self.transport
         connection = dtls.transport._connection
-        srtp, extensions = dtls._rx_srtp, dtls._rtp_header_extensions_map
+        srtp = dtls._rx_srtp
         if srtp is None or type(connection) not in (aioice.Connection, _SrtpShortcut):
             return  # aiortc's own path carries the packets
 
         def on_srtp(data: bytes) -> None:
             try:
-                packet = RtpPacket.parse(srtp.unprotect(data), extensions)
+                packet = parse_rtp(srtp.unprotect(data))
             except (pylibsrtp.Error, ValueError):  # not this peer's, replayed, or garbled: dropped, as aiortc does
                 return
             self._receive(packet)
@@ -272,7 +310,7 @@ class AudioReceiver(RTCRtpReceiver):
     async def _handle_rtp_packet(self, packet: RtpPacket, arrival_time_ms: int) -> None:
         self._receive(packet)  # packets aiortc's path carried (before the shortcut was set)
 
-    def _receive(self, packet: RtpPacket) -> None:
+    def _receive(self, packet: RtpPacket | RtpAudio) -> None:
         if not self._enabled or self._ended:
             return
         codec = self._RTCRtpReceiver__codecs.get(packet.payload_type)

@@ -1,0 +1,109 @@
+"""An asyncio event loop whose UDP sockets are read until empty each time they are readable.
+
+asyncio's selector loop reads one datagram per readable socket per loop turn. A WebRTC student
+has a socket of their own (aioice), sending 50 RTP packets a second, and STUN consent checks
+arrive on the same socket. As long as every loop turn takes under 20 ms that keeps up; after one
+longer turn (a burst of DTLS handshakes as a class joins, a GC pause, a slow callback) each
+socket is behind by a few packets, and since it is then read only one packet per turn while it
+still gets one per 20 ms, it never catches up: the kernel's buffer fills, packets are dropped,
+the audio that is read is seconds late, and the consent replies behind it come so late that
+the browser's ICE gives up after ~30 s (measured at 70-100 students on 2 cores and ~250 per
+gateway on the H200 host; tests/test_udp_drain.py reproduces it). Read until the socket is empty
+(at most MAX_READS at a time, so that one flooded socket cannot starve the others) after a turn
+long enough to leave more than one packet in a socket, a late turn is made up in the next one;
+a larger receive buffer (RCVBUF) rides out the late turn itself.
+
+Installed by the server and the load simulator with use_draining_loop(); asyncio has no public
+hook for its datagram transport, so this subclasses its selector loop's transport factory and
+transport (the names in ASYNCIO_INTERNALS, checked by the test against Python 3.11).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import selectors
+import socket
+import time
+from asyncio import selector_events
+
+log = logging.getLogger(__name__)
+
+MAX_READS = 64  # datagrams per socket per loop turn: 1.3 s of one student's packets
+LATE_S = 0.010  # a loop turn longer than this may have left more than one packet in a socket
+RCVBUF = 1 << 20  # bytes asked for; the kernel caps it at net.core.rmem_max (often 208 KiB)
+
+ASYNCIO_INTERNALS = (
+    (selector_events.BaseSelectorEventLoop, "_make_datagram_transport"),
+    (selector_events._SelectorDatagramTransport, "_read_ready"),
+    (selector_events._SelectorDatagramTransport, "max_size"),
+    (asyncio.DefaultEventLoopPolicy, "_loop_factory"),
+    (selector_events.BaseSelectorEventLoop, "_selector"),
+)
+
+
+class TurnTimingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
+    """The loop's selector, noting how long the loop worked between two waits (busy_s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.busy_s = 0.0
+        self._woke = time.monotonic()
+
+    def select(self, timeout: float | None = None) -> list:
+        self.busy_s = time.monotonic() - self._woke
+        ready = super().select(timeout)
+        self._woke = time.monotonic()
+        return ready
+
+
+class DrainingDatagramTransport(selector_events._SelectorDatagramTransport):
+    """asyncio's datagram transport, reading up to MAX_READS datagrams per wake when the loop's
+    last turn was long enough (LATE_S) for a socket to hold more than one; otherwise one, as
+    asyncio does (a second read would only find the socket empty: a syscall and an exception
+    for every packet)."""
+
+    def __init__(self, loop, sock, protocol, address=None, waiter=None, extra=None) -> None:  # noqa: ANN001 - asyncio's
+        super().__init__(loop, sock, protocol, address, waiter, extra)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        except OSError:  # not a socket that takes it: the default buffer
+            pass
+
+    def _read_ready(self) -> None:
+        selector = self._loop._selector
+        reads = MAX_READS if getattr(selector, "busy_s", 1.0) > LATE_S else 1
+        for _ in range(reads):
+            if self._conn_lost:
+                return
+            try:
+                data, addr = self._sock.recvfrom(self.max_size)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._protocol.error_received(exc)
+                return
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:  # noqa: BLE001 - as asyncio's own transport
+                self._fatal_error(exc, "Fatal read error on datagram transport")
+                return
+            self._protocol.datagram_received(data, addr)
+
+
+class DrainingEventLoop(asyncio.SelectorEventLoop):
+    def __init__(self, selector: selectors.BaseSelector | None = None) -> None:
+        super().__init__(selector or TurnTimingSelector())
+
+    def _make_datagram_transport(self, sock, protocol, address=None, waiter=None, extra=None):  # noqa: ANN001, ANN202
+        return DrainingDatagramTransport(self, sock, protocol, address, waiter, extra)
+
+
+class DrainingPolicy(asyncio.DefaultEventLoopPolicy):
+    _loop_factory = DrainingEventLoop
+
+
+def use_draining_loop() -> None:
+    """Every event loop made from now on in this process (asyncio.run, aiohttp's run_app) is a
+    DrainingEventLoop."""
+    asyncio.set_event_loop_policy(DrainingPolicy())
