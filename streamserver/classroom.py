@@ -9,6 +9,7 @@ speaking); seats, room lookup, publishing and metrics are the jobs of the parts 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from streamserver.audio.pacing import Pacer
 from streamserver.audio.pipeline import StudentAudio
 from streamserver.audio.segmenter import SegmenterConfig
 from streamserver.bus import Bus
+from streamserver.bus.local import LocalFeeds
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.config import Settings
 from streamserver.events import RoomClosedEvent, StudentEvent
@@ -59,9 +61,13 @@ class Connection:
 
 class Classroom:
     def __init__(self, settings: Settings, bus: Bus, sink: UtteranceSink, publisher: OrderedPublisher,
-                 metrics: Metrics, background: tuple[Background, ...] = ()) -> None:
+                 metrics: Metrics, background: tuple[Background, ...] = (), local: LocalFeeds | None = None) -> None:
         self.settings, self.bus, self.sink, self.publisher = settings, bus, sink, publisher
         self.background = background
+        # Events for this process's dashboards only (a gateway's fallback transcripts during an
+        # outage of the bus): bus/local.py.
+        self.local = local or LocalFeeds()
+        self.central = True  # transcripts from the central workers (False: this gateway's fallback)
         self.rooms = RoomRegistry(settings.max_students)
         self.directory = RoomDirectory(self.rooms, bus, settings.room_idle_ttl_s, settings.token_ttl_s)
         self.feeds: dict[str, int] = {}  # room -> dashboards connected here
@@ -96,6 +102,14 @@ class Classroom:
             await part.stop()
         await self.sink.stop()
         await self.bus.close()
+
+    def uplink_changed(self, up: bool) -> None:
+        """The fallback saw the uplink go or come back: every dashboard here is told (their
+        header says where transcripts come from)."""
+        self.central = up
+        for room_id in list(self.rooms.rooms):
+            self.local.publish(room_id, json.dumps({"type": "transcription_source", "room_id": room_id,
+                                                    "source": "central" if up else "local"}))
 
     async def _watch_depth(self) -> None:
         while True:

@@ -88,6 +88,16 @@ def _warm_engine_and_intent(model: str, backend: str, threads: int):  # noqa: AN
     return engine, intent
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"{value:g} s is outside 0..3600 s")
+    return value
+
+
 def _hangover_ms(text: str) -> int:
     """--vad-hangover-ms: whole milliseconds within the segmenter's accepted range."""
     from streamserver.audio.segmenter import HANGOVER_MS_RANGE
@@ -314,16 +324,23 @@ def _gateway(args: argparse.Namespace) -> int:
     except ValueError as error:
         _progress(f"error: {error}")
         return 2
-    settings = _settings(args, tls_ca_cert=str(tls.ca_cert) if tls and tls.ca_cert else None, spool_dir=args.spool_dir)
+    settings = _settings(args, tls_ca_cert=str(tls.ca_cert) if tls and tls.ca_cert else None, spool_dir=args.spool_dir,
+                         fallback_model=args.fallback_model, fallback_after_s=args.fallback_after)
     if not _secret_check(settings, "gateway") or not _redis_check(settings.redis_url, settings.redis_ca):
         return 2
+    fallback = None
+    if settings.fallback_model:  # loaded now, so that the first outage pays no start-up
+        fallback = _warm_engine_and_intent(settings.fallback_model, "onnxruntime", args.fallback_threads)
+        if fallback is None:
+            return 2
     try:
-        app, classroom = gateway_app(settings)
+        app, classroom = gateway_app(settings, *(fallback or (None, None)))
     except ValueError as error:
         _progress(f"error: {error}")
         return 2
+    local = f"; fallback {settings.fallback_model} after {settings.fallback_after_s:g} s" if fallback else ""
     _progress(f"gateway on {'https' if tls else 'http'}://{settings.host}:{settings.port} "
-              f"(jobs and rooms through {redacted(settings.redis_url)})")
+              f"(jobs and rooms through {redacted(settings.redis_url)}{local})")
     _run_server(app, settings, args, classroom, tls)
     return 0
 
@@ -414,6 +431,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--spool-dir", metavar="DIR",
                    help="keep utterances the job queue cannot take (Redis unreachable) on disk here, fsync'd, and queue "
                         "them in order when it returns, also after a restart (default: retry in memory for 120 s)")
+    g.add_argument("--fallback-model", choices=MODELS,
+                   help="transcribe here, on this machine's CPU, what the central workers cannot: Redis unreachable, no "
+                        "worker alive, or an utterance not transcribed --fallback-after seconds after its end; shown on "
+                        "this gateway's dashboards and written to the room's history once the uplink is back (default: off)")
+    g.add_argument("--fallback-after", type=_positive_seconds, default=3.0, metavar="SECONDS",
+                   help="how long a queued utterance may wait for a central worker before the fallback takes it (default 3)")
+    g.add_argument("--fallback-threads", type=int, default=min(2, os.cpu_count() or 1),
+                   help="CPU threads of the fallback model (default: up to 2)")
     g.set_defaults(handler=_gateway)
 
     w = commands.add_parser("worker", help="an ASR worker: transcribes queued utterances of every room (needs Redis)")

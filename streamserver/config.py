@@ -24,7 +24,9 @@ class Settings:
     port: int = 8080
     redis_url: str | None = None  # redis:// or rediss:// (TLS), an ACL user in it
     redis_ca: str | None = None
-    spool_dir: str | None = None  # gateway: utterances the job queue cannot take wait here, on disk  # CA file for a rediss:// server's certificate (default: the system's)
+    spool_dir: str | None = None  # gateway: utterances the job queue cannot take wait here, on disk
+    fallback_model: str | None = None  # gateway: recognise here what the central workers cannot (asr/fallback.py)
+    fallback_after_s: float = 3.0  # ... also a queued utterance not published this long after its end
     model: str = "tiny.en"
     backend: str = "onnxruntime"  # or tensorrt, torch-cuda, auto (engines.loading.load_engine)
     threads: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))

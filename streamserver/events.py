@@ -113,6 +113,17 @@ class TranscriptEvent(Event):
     published_ts: float
     type: str = "transcript"
     intent: dict[str, Any] | None = None
+    fallback: bool = False  # recognised by an on-prem gateway's fallback model, not a central worker
+
+    @classmethod
+    def from_json(cls, data: str) -> TranscriptEvent:
+        """A transcript or no-speech event as to_json wrote it (ValueError, TypeError, KeyError
+        for anything else)."""
+        fields = json.loads(data)
+        kind = NoSpeechEvent if fields.get("type") == "no_speech" else TranscriptEvent
+        if fields.get("type") not in ("transcript", "no_speech"):
+            raise ValueError(f"not a transcript event: {fields.get('type')!r}")
+        return kind(**fields)
 
     @classmethod
     def of(cls, u: Utterance, text: str, language: str, intent: dict[str, Any] | None = None) -> TranscriptEvent:

@@ -2,7 +2,8 @@
 
 serve    audio pipeline -> UtteranceSink -> MemoryQueue -> AsrWorker in this process -> bus
 gateway  audio pipeline -> UtteranceSink -> RedisQueue (asr:jobs) -> `streamserver worker`
-         processes (the same AsrWorker) -> Redis pub/sub
+         processes (the same AsrWorker) -> Redis pub/sub; with --fallback-model, what they
+         cannot take -> LocalFallback in this process -> the same guard, or its own dashboards
 Batching, retries, events and metrics are the same code in both; only the queue differs.
 """
 
@@ -14,8 +15,11 @@ from aiohttp import web
 
 from engines.engine import Engine
 from streamserver.api.app import create_app
+from streamserver.asr.batch import BatchRecogniser
+from streamserver.asr.fallback import LocalFallback
 from streamserver.asr.worker import AsrWorker
 from streamserver.bus import create_bus
+from streamserver.bus.local import LocalFeeds
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.bus.redis import RedisBus
 from streamserver.classroom import Classroom
@@ -40,8 +44,10 @@ def serve_app(settings: Settings, engine: Engine, intent: IntentClassifier | Non
     return create_app(classroom, worker), classroom
 
 
-def gateway_app(settings: Settings) -> tuple[web.Application, Classroom]:
-    """Recognition in `streamserver worker` processes, found through Redis."""
+def gateway_app(settings: Settings, fallback_engine: Engine | None = None,
+                intent: IntentClassifier | None = None) -> tuple[web.Application, Classroom]:
+    """Recognition in `streamserver worker` processes, found through Redis; with a fallback
+    engine, also here for what they cannot take (asr/fallback.py)."""
     if not settings.redis_url:
         raise ValueError("a gateway needs --redis-url: its workers are found through Redis")
     bus = RedisBus(settings.redis_url, settings.history_len, ca_file=settings.redis_ca)
@@ -50,6 +56,13 @@ def gateway_app(settings: Settings) -> tuple[web.Application, Classroom]:
                        ca_file=settings.redis_ca)
     metrics = Metrics()
     spool = Spool(Path(settings.spool_dir)) if settings.spool_dir else None
-    sink = UtteranceSink(queue, publisher, metrics, settings.max_queue_wait_s, spool)
-    classroom = Classroom(settings, bus, sink, publisher, metrics)
+    local = LocalFeeds()
+    fallback = None
+    if fallback_engine is not None:
+        fallback = LocalFallback(BatchRecogniser(fallback_engine, intent, metrics), queue, local, metrics,
+                                 settings.fallback_after_s, spool)
+    sink = UtteranceSink(queue, publisher, metrics, settings.max_queue_wait_s, spool, fallback)
+    classroom = Classroom(settings, bus, sink, publisher, metrics, background=(fallback,) if fallback else (), local=local)
+    if fallback is not None:
+        fallback.on_uplink = classroom.uplink_changed
     return create_app(classroom), classroom

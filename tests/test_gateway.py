@@ -37,11 +37,12 @@ def _post(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]
         return error.code, json.loads(error.read())
 
 
-def _wait(url: str, timeout_s: float = 120) -> None:
+def _wait(url: str, timeout_s: float = 120, answer_s: float = 1) -> None:
+    """Until `url` answers 200 (each try waiting answer_s for the answer)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(url, timeout=1):
+            with urllib.request.urlopen(url, timeout=answer_s):
                 return
         except OSError:
             time.sleep(0.2)

@@ -227,16 +227,25 @@ async def feed(request: web.Request) -> web.StreamResponse:
     # arrives in both is sent once.
     live: asyncio.Queue[str | None] = asyncio.Queue()
     tasks: list[asyncio.Task] = []
+    classroom.local.listen(room.room_id, live)  # this process's own events (a gateway's fallback)
     try:  # whatever fails from here (the bus, the teacher closing the tab), the subscription ends
-        before = await classroom.bus.subscriber_count(room.room_id)
         tasks.append(asyncio.create_task(_collect(classroom.bus.subscribe(room.room_id), live)))
-        for _ in range(100):
-            if await classroom.bus.subscriber_count(room.room_id) > before:
-                break
-            await asyncio.sleep(0.01)
-        history = await classroom.bus.history(room.room_id)
-        seen = set(history)
-        events = [json.loads(e) for e in history]
+        try:
+            before = await classroom.bus.subscriber_count(room.room_id)
+            for _ in range(100):
+                if await classroom.bus.subscriber_count(room.room_id) > before:
+                    break
+                await asyncio.sleep(0.01)
+            history = await classroom.bus.history(room.room_id)
+        except BusError:
+            if classroom.sink.fallback is None:
+                raise
+            history = []  # the uplink is down: this gateway's own recent events, and the bus's when it returns
+        history += classroom.local.recent(room.room_id)
+        seen = Seen()
+        events = [json.loads(e) for e in history if seen.first(e)]
+        if not classroom.central:
+            events.append({"type": "transcription_source", "room_id": room.room_id, "source": "local"})
         await ws.send_str(json.dumps({"type": "history", "events": events}, ensure_ascii=False))
         if any(e.get("type") == "room_closed" for e in events):  # closed while this feed was opening
             await ws.close(code=CLOSE_ROOM_CLOSED, message=b"the room was closed")
@@ -252,6 +261,7 @@ async def feed(request: web.Request) -> web.StreamResponse:
         await ws.close()
     finally:
         classroom.feeds[room.room_id] -= 1
+        classroom.local.unlisten(room.room_id, live)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -267,9 +277,34 @@ async def _collect(events: AsyncIterator[str], live: asyncio.Queue[str | None]) 
         await events.aclose()
 
 
-async def _send(ws: web.WebSocketResponse, live: asyncio.Queue[str | None], seen: set[str]) -> None:
+class Seen:
+    """What a feed has sent: an event once, and an utterance's result once, whichever way it
+    came (the bus, its history, or this gateway's fallback: bus/local.py)."""
+
+    def __init__(self) -> None:
+        self._events: set[str] = set()
+        self._results: set[str] = set()
+
+    def first(self, event: str) -> bool:
+        if event in self._events:
+            return False
+        self._events.add(event)
+        if '"utterance_id"' in event:
+            fields = json.loads(event)
+            if fields.get("type") in RESULT_TYPES:
+                if fields["utterance_id"] in self._results:
+                    return False
+                self._results.add(fields["utterance_id"])
+        return True
+
+
+RESULT_TYPES = ("transcript", "no_speech", "utterance_failed")
+BUS_PING_S = 2.0
+
+
+async def _send(ws: web.WebSocketResponse, live: asyncio.Queue[str | None], seen: Seen) -> None:
     while (event := await live.get()) is not None:
-        if event not in seen:
+        if seen.first(event):
             await ws.send_str(event)
             if '"room_closed"' in event and json.loads(event).get("type") == "room_closed":
                 await ws.close(code=CLOSE_ROOM_CLOSED, message=b"the room was closed")
@@ -288,20 +323,30 @@ def busy_response(reason: str) -> web.Response:
     return response
 
 
+async def _bus_answers(classroom: Classroom) -> bool:
+    try:  # a cut uplink often answers nothing at all: a health check must not hang on it
+        return await asyncio.wait_for(classroom.bus.ping(), BUS_PING_S)
+    except asyncio.TimeoutError:
+        return False
+
+
 async def healthz(request: web.Request) -> web.Response:
-    """Alive and able to reach the bus."""
+    """Alive and able to reach the bus; a gateway with a fallback model is healthy without it
+    (it transcribes its class itself: a container must not be restarted for an uplink outage)."""
     classroom = request.app[CLASSROOM]
-    bus_ok = await classroom.bus.ping()
+    bus_ok = await _bus_answers(classroom)
     body = {"ok": bus_ok, "bus": "ok" if bus_ok else "unreachable", "rooms": len(classroom.rooms.rooms)}
+    if classroom.sink.fallback is not None:
+        body.update(transcripts="central" if classroom.central else "local fallback")
     if (worker := request.app.get(WORKER)) is not None:
         body.update(model=worker.engine.model, queue=await classroom.sink.depth(), transcribed=worker.transcribed)
-    return web.json_response(body, status=200 if bus_ok else 503)
+    return web.json_response(body, status=200 if bus_ok or classroom.sink.fallback is not None else 503)
 
 
 async def readyz(request: web.Request) -> web.Response:
     """Ready to take students: the bus answers and a worker can transcribe."""
     classroom = request.app[CLASSROOM]
-    if not await classroom.bus.ping():
+    if not await _bus_answers(classroom):
         return web.json_response({"ready": False, "reason": "bus unreachable"}, status=503)
     try:
         workers, _rate = await classroom.sink.queue.capacity()

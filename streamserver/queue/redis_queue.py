@@ -67,6 +67,19 @@ end
 if fresh then return 1 else return 0 end
 """
 
+# A result made outside the workers (an on-prem gateway's local fallback): published and kept in
+# the history only if no worker published this utterance first; its job, if queued, is then
+# acknowledged by whichever worker reads it (the done key). KEYS: done, history; ARGV: channel,
+# event, history length, done TTL, history field.
+_CLAIM = """
+if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[4]) then
+  redis.call('PUBLISH', ARGV[1], ARGV[2])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', ARGV[5], ARGV[2])
+  return 1
+end
+return 0
+"""
+
 
 class RedisQueue:
     # Workers read the stream in arrival order: per-room fair share holds within what a worker
@@ -89,6 +102,7 @@ class RedisQueue:
         )
         self._complete = self.redis.register_script(_COMPLETE)
         self._submit = self.redis.register_script(_SUBMIT)
+        self._claim = self.redis.register_script(_CLAIM)
         self._group_ready = False
 
     async def close(self) -> None:
@@ -129,6 +143,17 @@ class RedisQueue:
                 workers += 1
                 rate += float(json.loads(stats[name]).get("utt_per_s", 0.0))
         return workers, rate
+
+    async def is_done(self, utterance_id: str) -> bool:
+        """A worker (or a claim) has published this utterance."""
+        return bool(await self.redis.exists(done_key(utterance_id)))
+
+    async def claim(self, event: TranscriptEvent) -> bool:
+        """Publish a result made outside the workers unless the utterance was published already
+        (True: this one is the room's)."""
+        keys = [done_key(event.utterance_id), history_key(event.room_id)]
+        args = [room_channel(event.room_id), event.to_json(), self.history_len, int(DONE_TTL_S), HISTORY_FIELD]
+        return bool(await self._claim(keys=keys, args=args))
 
     # ---- worker side ----
 

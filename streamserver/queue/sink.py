@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Protocol
 
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import Utterance, UtteranceDropped, UtteranceQueued
@@ -20,17 +21,34 @@ RETRY_FOR_S = 120.0  # the queue unreachable longer than this: the utterance is 
 FULL_HOLD_S = 10.0  # a room whose backlog reached its bound answers new students "busy" this long
 
 
+class Fallback(Protocol):
+    """Recognition beside the queue (asr/fallback.py's LocalFallback)."""
+
+    def now(self, u: Utterance) -> None: ...
+
+    def watch(self, u: Utterance) -> None: ...
+
+    def reachable(self) -> None: ...
+
+    def taken(self, utterance_id: str) -> bool: ...
+
+    def stored(self, utterance_id: str) -> bool: ...
+
+
 class Busy(RuntimeError):
     """The ASR workers cannot keep up: a new student would only make every class slower."""
 
 
 class UtteranceSink:
     def __init__(self, queue: UtteranceQueue, publisher: OrderedPublisher, metrics: Metrics, max_wait_s: float = 5.0,
-                 spool: Spool | None = None) -> None:
+                 spool: Spool | None = None, fallback: Fallback | None = None) -> None:
         self.queue, self.publisher, self.metrics, self.max_wait_s = queue, publisher, metrics, max_wait_s
         # With a spool, an utterance the queue cannot take is kept on disk (in order, through a
         # restart) instead of being retried in memory for RETRY_FOR_S and then dropped.
         self.spool = spool
+        # With a fallback (asr/fallback.py), such an utterance is also recognised here at once,
+        # and a queued one that no worker publishes in time.
+        self.fallback = fallback
         self._drainer: asyncio.Task | None = None
         self._full: dict[str, float] = {}  # room ("" for the whole queue) -> monotonic time its bound was hit
         self._tasks: set[asyncio.Task] = set()
@@ -57,6 +75,8 @@ class UtteranceSink:
         task.add_done_callback(self._tasks.discard)
 
     async def _send(self, u: Utterance) -> None:
+        if self.fallback is not None:
+            self.fallback.watch(u)
         if self._drainer is not None and not self._drainer.done():  # the spool goes first: order is kept
             await self._to_spool(u)
             return
@@ -69,6 +89,8 @@ class UtteranceSink:
                 await self._refused(u, error)
                 return
             except UNREACHABLE as error:
+                if self.fallback is not None:
+                    self.fallback.now(u)
                 if self.spool is not None:
                     log.warning("queue unreachable (%s): utterance %s spooled", error, u.utterance_id)
                     await self._to_spool(u)
@@ -81,6 +103,8 @@ class UtteranceSink:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
         self.queued += 1
+        if self.fallback is not None:
+            self.fallback.reachable()
         await self.publisher.publish(UtteranceQueued.of(u))  # a lost notice loses no speech
 
     async def _to_spool(self, u: Utterance) -> None:
@@ -105,20 +129,41 @@ class UtteranceSink:
                 log.error("setting aside spool file %s: %s", path.name, error)
                 await asyncio.to_thread(self.spool.set_aside, path)
                 continue
+            if self.fallback is not None and self.fallback.taken(u.utterance_id):
+                if not self.fallback.stored(u.utterance_id):  # being recognised here: its result first
+                    await asyncio.sleep(0.2)
+                    continue
+                await asyncio.to_thread(self.spool.remove, path)  # its result goes to the room, not the queue
+                continue
             try:
                 await self.queue.submit(u)
             except QueueFull as error:
                 await self._refused(u, error)
             except UNREACHABLE:
+                if self.fallback is not None:  # e.g. spooled by a gateway that restarted during the outage
+                    await self._fall_back(paths)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
             else:
                 self.queued += 1
+                if self.fallback is not None:
+                    self.fallback.reachable()
                 await self.publisher.publish(UtteranceQueued.of(u))
             await asyncio.to_thread(self.spool.remove, path)
             delay = 0.2
         log.info("spool drained")
+
+    async def _fall_back(self, paths: list) -> None:  # noqa: ANN001 - the spool's paths
+        """Every spooled utterance the fallback has not taken: to the fallback."""
+        assert self.spool is not None and self.fallback is not None
+        for path in paths:
+            if self.fallback.taken(self.spool.utterance_id(path)):
+                continue
+            try:
+                self.fallback.now(await asyncio.to_thread(self.spool.load, path))
+            except (SpoolError, OSError):
+                continue  # the drain sets it aside
 
     async def _refused(self, u: Utterance, error: QueueFull) -> None:
         self.dropped += 1

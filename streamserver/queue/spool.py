@@ -20,6 +20,7 @@ import numpy as np
 from streamserver.events import Utterance
 
 _NAME = re.compile(r"^(\d{12})-[0-9a-f]{1,64}\.utt$")
+_RESULT = re.compile(r"^(\d{12})-[0-9a-f]{1,64}\.result$")
 _HEADER_FIELDS = ("utterance_id", "room_id", "student_id", "student_name", "language", "start_ts", "end_of_speech_ts", "cut")
 
 
@@ -31,7 +32,7 @@ class Spool:
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        numbers = [int(m.group(1)) for p in self.directory.iterdir() if (m := _NAME.match(p.name))]
+        numbers = [int(m.group(1)) for p in self.directory.iterdir() if (m := _NAME.match(p.name) or _RESULT.match(p.name))]
         self._next = max(numbers, default=0) + 1
 
     def pending(self) -> list[Path]:
@@ -42,11 +43,31 @@ class Spool:
         """Write the utterance durably (blocking: call it off the event loop)."""
         header = json.dumps({name: getattr(u, name) for name in _HEADER_FIELDS}).encode()
         pcm = (np.clip(u.audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
-        path = self.directory / f"{self._next:012d}-{u.utterance_id}.utt"
+        return self._write(f"{u.utterance_id}.utt", len(header).to_bytes(4, "little") + header + pcm)
+
+    # Results of the gateway's local fallback (asr/fallback.py) not yet in the central history:
+    # kept here too, so that a gateway restarted during the outage still writes them there.
+    def put_result(self, utterance_id: str, event_json: str) -> Path:
+        return self._write(f"{utterance_id}.result", event_json.encode())
+
+    def results(self) -> list[Path]:
+        """Local results not yet written to the central history, oldest first."""
+        return sorted(p for p in self.directory.iterdir() if _RESULT.match(p.name))
+
+    @staticmethod
+    def load_result(path: Path) -> str:
+        return path.read_text()
+
+    @staticmethod
+    def utterance_id(path: Path) -> str:
+        return path.name.split("-", 1)[1].rsplit(".", 1)[0]
+
+    def _write(self, suffix: str, data: bytes) -> Path:
+        path = self.directory / f"{self._next:012d}-{suffix}"
         self._next += 1
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
-            f.write(len(header).to_bytes(4, "little") + header + pcm)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -318,7 +318,24 @@ feed.addEventListener('scroll', () => { if (isNearBottom()) jumpButton.hidden = 
 
 // --- the feed socket ---------------------------------------------------------------------
 
+// An on-prem gateway whose uplink is down transcribes on its own CPU (--fallback-model): the
+// header says so, from its transcription_source events and the transcripts' fallback flag.
+function setSource(source) {
+  const pill = $('source');
+  pill.dataset.source = source;
+  pill.hidden = false; // shown once a gateway with a fallback has spoken of it: not on a plain serve
+  pill.textContent = source === 'local' ? 'transcripts: this gateway (uplink down)' : 'transcripts: central workers';
+}
+
+function noteSource(events) {
+  for (const ev of events) {
+    if (ev && ev.type === 'transcription_source') setSource(ev.source);
+    else if (ev && ev.type === 'transcript' && (ev.fallback || !$('source').hidden)) setSource(ev.fallback ? 'local' : 'central');
+  }
+}
+
 function handle(msg) {
+  noteSource(msg.type === 'history' ? (msg.events || []) : [msg]);
   switch (msg.type) {
     case 'history':
       backoffS = 1; // the server is really answering: a later drop starts from 1 s again
