@@ -53,6 +53,18 @@ def _wait_http(url: str, timeout_s: float, what: str, proc: subprocess.Popen | N
     raise RuntimeError(f"{what} not ready at {url} after {timeout_s:.0f}s")
 
 
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to each process still running, then up to 10 s each before SIGKILL."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def _log_tails(logs: Path, lines: int = 15) -> None:
     """The end of every process log on stderr: what a failed run needs first."""
     for log in sorted(logs.glob("*.log")):
@@ -178,14 +190,7 @@ def main() -> int:
     finally:
         if failed:
             _log_tails(logs)
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
         redis.stop()
     return 1 if failed else 0
 

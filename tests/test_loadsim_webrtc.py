@@ -19,7 +19,7 @@ from streamserver.audio.resample import To16kMono
 from streamserver.audio.segmenter import DIGITAL_SILENCE, SegmenterConfig, UtteranceSegmenter
 from streamserver.loadsim import students
 from streamserver.loadsim.run import LoadConfig, Run
-from streamserver.loadsim.scenario import RATE, load_clips, plan_turns, render
+from streamserver.loadsim.scenario import RATE, Turn, load_clips, plan_turns, render
 from streamserver.loadsim.webrtc_student import CONSENT_EXPIRED, PACKET_SAMPLES, OpusPlanTrack, PacketClock, encoded_clips, on_consent_expired
 from streamserver.loadsim.ws_student import PlayHooks
 from tests.server_process import ADMIN_TOKEN, ServerProcess
@@ -153,3 +153,60 @@ def test_encoding_client_falls_behind_where_the_packets_client_does_not(monkeypa
     assert new["simulator_max_lag_s"] < 0.5 and new["clips_unsent"] == 0, new
     assert new["utterances_sent"] > 0 and new["join_failures"] == 0 and new["disconnects"] == 0
     assert new["lost"] == 0 and new["never_queued"] == 0 and new["lost_vs_queued"] == 0 and new["duplicates"] == 0
+
+
+def test_fast_rtp_delivers_the_plan_to_the_server_as_aiortcs_sender_would():
+    """A bound track (FastRtp: header packed by the track, aiortc's SRTP session, the ICE pair's
+    socket) against the server's receiver: every packet of the plan arrives, in order, and the
+    clip's audio is intact; the aiortc and aioice internals it reads are there."""
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+    from streamserver.loadsim import webrtc_student
+    from streamserver.transport import webrtc
+    from streamserver.transport.candidates import CandidatePolicy
+
+    clips = load_clips()
+    clip = min(clips, key=lambda c: len(c.pcm))
+    got: list[np.ndarray] = []
+    plan: dict = {}
+
+    def planner(length_s: float):
+        plan["turns"] = [Turn(0.3, clip)]
+        plan["length"] = length_s
+        return plan["turns"]
+
+    async def body() -> tuple[OpusPlanTrack, dict]:
+        webrtc.use_host_addresses(["127.0.0.1"])
+        track = OpusPlanTrack(PacketClock(), planner, time.time() + 6, PlayHooks(lambda s: None, lambda s: None), lead_s=0.5)
+        client = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        client.addTrack(track)
+        track.bind(client)
+        await client.setLocalDescription(await client.createOffer())
+        server, answer = await webrtc.answer(client.localDescription.sdp, [], got.append, lambda: None,
+                                             CandidatePolicy.of([], ["127.0.0.1"]))
+        await client.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        await asyncio.wait_for(track.finished.wait(), 20)
+        await asyncio.sleep(0.3)  # the last packets in flight
+        sender = client.getTransceivers()[0].sender
+        found = {"RTCRtpSender._ssrc": hasattr(sender, "_ssrc"), "RTCRtpSender.transport": sender.transport is not None,
+                 "RTCDtlsTransport._tx_srtp": sender.transport._tx_srtp is not None,
+                 "RTCIceTransport._connection": hasattr(sender.transport.transport, "_connection"),
+                 "RTCRtpTransceiver._codecs": bool(client.getTransceivers()[0]._codecs)}
+        pair = sender.transport.transport._connection._nominated.get(1)
+        found.update({"Connection._nominated": pair is not None, "CandidatePair.protocol": hasattr(pair, "protocol"),
+                      "CandidatePair.remote_addr": hasattr(pair, "remote_addr"),
+                      "StunProtocol.transport": getattr(pair.protocol, "transport", None) is not None})
+        await client.close()
+        await server.close()
+        return track, found
+
+    track, found = asyncio.run(asyncio.wait_for(body(), 40))
+    assert sorted(found) == sorted(webrtc_student.AIORTC_SENDER_INTERNALS) and all(found.values()), found
+    assert track.complete and track.timetable.unsent == 0
+    pcm = np.concatenate(got)
+    assert abs(pcm.size - track.total * 320) <= 320 * 3  # every 20 ms packet, none lost or doubled
+    source = (np.clip(np.concatenate([np.zeros(RATE // 2), render(plan["turns"], plan["length"])]), -1, 1) * 32767).astype(np.int16)
+    turn = plan["turns"][0]
+    a, b = int(turn.start_s * RATE), int(turn.end_s * RATE)
+    lag = max(range(0, 320), key=lambda k: float(np.dot(pcm[a + k : b + k].astype(float), source[a:b])))
+    assert np.corrcoef(pcm[a + lag : b + lag], source[a:b])[0, 1] > 0.75

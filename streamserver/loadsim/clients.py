@@ -81,7 +81,10 @@ async def join_student(
     reconnect as the same student."""
     use_host_addresses(["127.0.0.1"])
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    pc.addTrack(wav if isinstance(wav, MediaStreamTrack) else MediaPlayer(str(wav), loop=False).audio)
+    track = wav if isinstance(wav, MediaStreamTrack) else MediaPlayer(str(wav), loop=False).audio
+    pc.addTrack(track)
+    if hasattr(track, "bind"):  # pre-encoded packets: sent by the track itself (webrtc_student.FastRtp)
+        track.bind(pc)
     await pc.setLocalDescription(await pc.createOffer())  # aiortc gathers all candidates here
     body = {"token": token_of(room["student_url"]), "sdp": pc.localDescription.sdp, "type": "offer", "student_name": name}
     body.update(identity or {})
