@@ -16,7 +16,7 @@ from aiortc.contrib.media import MediaPlayer
 from streamserver.loadsim.clients import JoinRefused, join_student, speech_file
 from streamserver.loadsim.measure import Tally
 from streamserver.loadsim.scenario import Turn, load_clips, plan_turns, render
-from streamserver.loadsim.webrtc_student import OpusPlanTrack, PacketClock, TimedTrack, encoded_clips, on_consent_expired
+from streamserver.loadsim.webrtc_student import PACKET_S, OpusPlanTrack, PacketClock, TimedTrack, encoded_clips, on_consent_expired
 from streamserver.loadsim.ws_student import Pacer, PlayHooks, WsStudent
 
 # Silence before a WebRTC student's first clip: the packets client starts its plan when the
@@ -27,6 +27,7 @@ WEBRTC_LEAD_S = {"packets": 0.5, "encoder": 1.0}
 # simulator fell behind real time) keeps sending before it hangs up; what is left is counted
 # as clips_unsent.
 HANGUP_GRACE_S = 10.0
+PHASES = 4  # a packets student sends on one of 4 phases of each 20 ms (browsers are not in step)
 WEBRTC_CLIENTS = ("packets", "encoder")  # pre-encoded Opus packets; aiortc's MediaPlayer, encoding per student
 
 
@@ -51,7 +52,8 @@ class StudentPool:
         self.clips = load_clips(plan.frame_ms)
         self.hooks = PlayHooks(tally.clip_started, tally.clip_sent, tally.lag)
         self.pacer = Pacer(plan.frame_ms, self.hooks)
-        self.clock = PacketClock(tally.lag)  # every WebRTC packets student of the process
+        # every WebRTC packets student of the process, on PHASES phases of each 20 ms
+        self.clock = PacketClock(tally.lag, packet_s=PACKET_S / PHASES)
 
     async def run(self, indices: range | list[int]) -> None:
         """Students `indices` of the run (student i sits in room i mod rooms), until the end."""

@@ -281,6 +281,7 @@ class OpusPlanTrack(_StudentTrack):
         self._blocks: list[tuple[int, tuple[bytes, ...]]] = []  # (first packet index, packets), in order
         self._block = 0
         self._first_tick = 0
+        self._step = 1  # clock ticks per packet
         self._fast: Callable[[], FastRtp] | None = None
 
     def bind(self, pc) -> None:  # noqa: ANN001 - aiortc's RTCPeerConnection, this track added to it
@@ -306,7 +307,10 @@ class OpusPlanTrack(_StudentTrack):
                 prev_at, prev = self._blocks[-1]
                 self._blocks[-1] = (prev_at, prev[: max(0, at - prev_at)])
             self._blocks.append((at, encoded))
-        self._first_tick = self.clock.now() + 1
+        # A clock finer than a packet (students.PHASES ticks per packet) spreads the students over
+        # the 20 ms, as browsers' own clocks do: each track keeps a phase of its own.
+        self._step = max(1, round(PACKET_S / self.clock.packet_s))
+        self._first_tick = self.clock.now() + 1 + random.randrange(self._step)
 
     def _payload(self, index: int) -> bytes:
         while self._block < len(self._blocks):
@@ -329,7 +333,7 @@ class OpusPlanTrack(_StudentTrack):
         if self.sent >= self.total:
             self.stop()
             raise MediaStreamError
-        await self.clock.wait(self._first_tick + self.sent)
+        await self.clock.wait(self._first_tick + self.sent * self._step)
         packet = av.Packet(self._payload(self.sent))
         packet.pts, packet.time_base = self.sent * PACKET_SAMPLES, TIME_BASE
         self.sent += 1
@@ -341,7 +345,7 @@ class OpusPlanTrack(_StudentTrack):
         assert self.total is not None
         try:
             while self.sent < self.total and self.readyState == "live":
-                await self.clock.wait(self._first_tick + self.sent)
+                await self.clock.wait(self._first_tick + self.sent * self._step)
                 fast.send(self.sent, self._payload(self.sent))
                 self.sent += 1
                 self.timetable.advance(self.sent * PACKET_S)
