@@ -29,6 +29,10 @@ system-packages:
 		(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null || \
 		 (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null)) ; } || \
 		echo "note: redis-server not installed; the TLS Redis tests will be skipped"
+	@command -v turnserver >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq coturn >/dev/null || \
+		 (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq coturn >/dev/null)) ; } || \
+		echo "note: coturn not installed; the TURN test will be skipped"
 
 # The container tests (tests/test_container.py) build and run the images: with Docker when its
 # daemon answers, else with Debian's podman, installed and set up here when root and apt are there
