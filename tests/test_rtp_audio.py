@@ -298,6 +298,13 @@ def test_a_peer_is_decoded_in_the_event_loop_and_ends_once(packets):
         threads = [t.name for t in threading.enumerate()]
         shortcut = server.getTransceivers()[0].receiver.transport.transport._connection
         assert type(shortcut) is rtp_audio._SrtpShortcut and shortcut._srtp is not None
+        pair = shortcut._nominated.get(1)
+        found = {"Connection._nominated": pair is not None, "CandidatePair.protocol": hasattr(pair, "protocol"),
+                 "StunProtocol.receiver": getattr(pair.protocol, "receiver", None) is shortcut,
+                 "StunProtocol.local_candidate": getattr(pair.protocol, "local_candidate", None) is not None}
+        assert sorted(found) == sorted(rtp_audio.AIOICE_INTERNALS) and all(found.values()), found
+        assert type(pair.protocol) is rtp_audio._RtpFirstProtocol  # RTP skips aioice's STUN parse
+        assert "stun.parse_message(data)" in inspect.getsource(aioice.ice.StunProtocol.datagram_received)
         await client.close()
         for _ in range(100):
             if ended:

@@ -115,3 +115,62 @@ def test_one_flooded_socket_gives_way_after_max_reads():
 
     with asyncio.Runner(loop_factory=udp.DrainingEventLoop) as runner:
         assert runner.run(flood()) == reads
+
+
+class _CountingSelector(udp.TurnTimingSelector):
+    def __init__(self, coalesce_s: float) -> None:
+        super().__init__(coalesce_s)
+        self.wakes = 0
+
+    def select(self, timeout: float | None = None) -> list:
+        ready = super().select(timeout)
+        self.wakes += bool(ready)
+        return ready
+
+
+def _wakes_for_a_stream(coalesce_s: float) -> tuple[int, int]:
+    """A datagram every 0.5 ms for 0.3 s into one socket: (wakes that found I/O, datagrams)."""
+    selector = _CountingSelector(coalesce_s)
+
+    async def stream() -> int:
+        loop = asyncio.get_running_loop()
+        transport, counter = await loop.create_datagram_endpoint(Counter, local_addr=("127.0.0.1", 0))
+        address = transport.get_extra_info("sockname")
+
+        def send() -> None:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                start = time.monotonic()
+                for k in range(600):
+                    sock.sendto(repr(time.monotonic()).encode(), address)
+                    time.sleep(max(0.0, start + (k + 1) * 0.0005 - time.monotonic()))
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        while sender.is_alive():
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)
+        transport.close()
+        return len(counter.seen)
+
+    with asyncio.Runner(loop_factory=lambda: udp.DrainingEventLoop(selector)) as runner:
+        received = runner.run(stream())
+    return selector.wakes, received
+
+
+def test_an_idle_loop_wakes_at_most_every_coalesce_s_and_loses_nothing():
+    wakes, received = _wakes_for_a_stream(0.005)
+    assert received == 600
+    assert wakes <= 0.3 / 0.005 * 1.3 + 10  # about one wake per 5 ms, not one per datagram
+    eager, received = _wakes_for_a_stream(0.0)
+    assert received == 600 and eager > 2 * wakes
+
+
+def test_coalescing_never_delays_ready_callbacks():
+    async def chain() -> float:
+        start = time.monotonic()
+        for _ in range(200):
+            await asyncio.sleep(0)  # a ready callback each turn: the loop must not sleep between them
+        return time.monotonic() - start
+
+    with asyncio.Runner(loop_factory=lambda: udp.DrainingEventLoop(udp.TurnTimingSelector(0.005))) as runner:
+        assert runner.run(chain()) < 200 * 0.005 / 4

@@ -146,8 +146,8 @@ class UtteranceSegmenter:
     def _process(self, frame: np.ndarray, voiced: bool, ts: float) -> None:
         if not self._triggered:
             self._ring.append((frame, voiced, ts))
-            window = list(self._ring)[-START_WINDOW:]
-            if sum(v for _, v, _ in window) >= self.config.start_frames:
+            # only a voiced frame can bring the window to start_frames (it was below before)
+            if voiced and sum(v for _, v, _ in list(self._ring)[-START_WINDOW:]) >= self.config.start_frames:
                 self._start()
             return
         self._frames.append(frame)

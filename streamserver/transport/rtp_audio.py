@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 import aioice
+import aioice.ice
 import numpy as np
 import pylibsrtp
 from aiortc import RTCRtpReceiver
@@ -65,6 +66,9 @@ AIORTC_INTERNALS = (
     (RTCIceTransport, "_connection"),
     (RTCDtlsTransport, "_rx_srtp"),
 )
+# ... and of aioice (instance attributes: checked on a connected peer by the test)
+AIOICE_INTERNALS = ("Connection._nominated", "CandidatePair.protocol", "StunProtocol.receiver",
+                    "StunProtocol.local_candidate")
 
 
 class OpusError(ValueError):
@@ -266,6 +270,18 @@ class _SrtpShortcut(aioice.Connection):
             super().data_received(data, component)
 
 
+class _RtpFirstProtocol(aioice.ice.StunProtocol):
+    """aioice's socket protocol of the nominated pair, handing RTP/RTCP (first byte 128-191; a
+    STUN message's is 0 or 1) to the connection without first trying to parse it as STUN, which
+    aioice does for every datagram (an exception per packet)."""
+
+    def datagram_received(self, data: bytes, addr: tuple) -> None:  # type: ignore[override]
+        if data and 127 < data[0] < 192:
+            self.receiver.data_received(data, self.local_candidate.component)
+        else:
+            super().datagram_received(data, addr)
+
+
 class AudioReceiver(RTCRtpReceiver):
     """aiortc's receiver for one student's audio, decoding in the event loop: no decoder thread,
     no decoded frames through the track, its SRTP taken at the ICE connection (_SrtpShortcut).
@@ -306,6 +322,9 @@ class AudioReceiver(RTCRtpReceiver):
 
         connection.__class__ = _SrtpShortcut
         connection._srtp = on_srtp
+        pair = connection._nominated.get(1)
+        if pair is not None and type(pair.protocol) is aioice.ice.StunProtocol:
+            pair.protocol.__class__ = _RtpFirstProtocol
 
     async def _handle_rtp_packet(self, packet: RtpPacket, arrival_time_ms: int) -> None:
         self._receive(packet)  # packets aiortc's path carried (before the shortcut was set)
