@@ -120,8 +120,25 @@ def _add_vad_options(p: argparse.ArgumentParser) -> None:
                    help=f"silence that ends an utterance ({low}..{high}; default %(default)s); every latency includes it")
 
 
+def _add_retention_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--transcript-retention-days", type=_retention_days, default=30, metavar="DAYS",
+                   help="how long a class's transcript (every final, for the teacher's export) is kept in Redis after "
+                        "its last one (default 30)")
+
+
+def _retention_days(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
+    if not 1 / 24 <= value <= 3650:
+        raise argparse.ArgumentTypeError(f"{value:g} days is outside 1 hour .. 10 years")
+    return value
+
+
 def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
     """The options `serve` and `gateway` share: the network side, rooms, limits, the audio path."""
+    _add_retention_option(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     if gateway:
@@ -225,7 +242,8 @@ def _settings(args: argparse.Namespace, **extra: object):  # noqa: ANN202 - lazy
         ice_servers=_ice_servers(args), ice_allow=args.ice_allow or [],
         max_students=args.max_students, public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms,
         max_queue_wait_s=args.max_queue_wait, queue_bounds=Bounds(total, room, student), max_audio_rate=args.max_audio_rate,
-        token_ttl_s=int(args.link_ttl), room_idle_ttl_s=args.room_idle_expiry, redis_ca=args.redis_ca, **extra,
+        token_ttl_s=int(args.link_ttl), room_idle_ttl_s=args.room_idle_expiry, redis_ca=args.redis_ca,
+        transcript_retention_s=int(args.transcript_retention_days * 86400), **extra,
     )
 
 
@@ -358,7 +376,7 @@ def _worker(args: argparse.Namespace) -> int:
         return 2
     engine, intent = loaded
     worker_process.main(engine, intent, args.redis_url, args.max_batch, args.name, args.metrics_host, args.metrics_port,
-                        args.redis_ca)
+                        args.redis_ca, int(args.transcript_retention_days * 86400))
     return 0
 
 
@@ -448,6 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--backend", choices=(*ENGINES, "auto"), default="onnxruntime", help=BACKEND_HELP)
     w.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
     w.add_argument("--max-batch", type=int, default=16)
+    _add_retention_option(w)
     w.add_argument("--name", help="consumer name in the Redis group (default host-pid)")
     w.add_argument("--metrics-host", default="127.0.0.1")
     w.add_argument("--metrics-port", type=int, help="serve /metrics, /healthz, /readyz here")

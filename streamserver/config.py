@@ -6,6 +6,8 @@ import os
 import secrets
 from dataclasses import dataclass, field
 
+from streamserver.bus.keys import TRANSCRIPT_RETENTION_S
+
 
 @dataclass(frozen=True)
 class Bounds:
@@ -48,6 +50,7 @@ class Settings:
     queue_bounds: Bounds = field(default_factory=Bounds)  # utterances waiting: in all, per room, per student
     max_queue_wait_s: float = 5.0  # expected recognition wait past which new students hear "busy"
     history_len: int = 500
+    transcript_retention_s: int = TRANSCRIPT_RETENTION_S  # a class transcript is kept this long after its last final
     vad_hangover_ms: int = 500  # silence that ends an utterance (audio/segmenter.py); a latency floor
     public_url: str | None = None  # base of the URLs handed out; default http(s)://host:port
     tls_ca_cert: str | None = None  # the self-signed CA (--tls-self-signed), offered at /ca.crt

@@ -34,7 +34,7 @@ from streamserver.queue.spool import Spool
 
 def serve_app(settings: Settings, engine: Engine, intent: IntentClassifier | None) -> tuple[web.Application, Classroom]:
     """Everything in one process; events through Redis when settings.redis_url is set."""
-    bus = create_bus(settings.redis_url, settings.history_len, settings.redis_ca)
+    bus = create_bus(settings.redis_url, settings.history_len, settings.redis_ca, settings.transcript_retention_s)
     publisher = OrderedPublisher(bus)
     metrics = Metrics()
     queue = MemoryQueue(publisher, bounds=settings.queue_bounds)
@@ -50,10 +50,11 @@ def gateway_app(settings: Settings, fallback_engine: Engine | None = None,
     engine, also here for what they cannot take (asr/fallback.py)."""
     if not settings.redis_url:
         raise ValueError("a gateway needs --redis-url: its workers are found through Redis")
-    bus = RedisBus(settings.redis_url, settings.history_len, ca_file=settings.redis_ca)
+    bus = RedisBus(settings.redis_url, settings.history_len, ca_file=settings.redis_ca,
+                   transcript_retention_s=settings.transcript_retention_s)
     publisher = OrderedPublisher(bus)
     queue = RedisQueue(settings.redis_url, history_len=settings.history_len, bounds=settings.queue_bounds,
-                       ca_file=settings.redis_ca)
+                       ca_file=settings.redis_ca, transcript_retention_s=settings.transcript_retention_s)
     metrics = Metrics()
     spool = Spool(Path(settings.spool_dir)) if settings.spool_dir else None
     local = LocalFeeds()

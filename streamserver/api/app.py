@@ -25,7 +25,7 @@ from streamserver.classroom import Classroom
 from streamserver.metrics import CONTENT_TYPE, Metrics
 from streamserver.queue.base import UNREACHABLE
 from streamserver.queue.sink import Busy
-from streamserver.rooms import tokens
+from streamserver.rooms import tokens, transcript
 from streamserver.rooms.admission import AddressLimits, TooManyFromAddress
 from streamserver.rooms.directory import RoomClosed
 from streamserver.rooms.identity import identify
@@ -212,6 +212,27 @@ async def ingest(request: web.Request) -> web.StreamResponse:
         return await ws_ingest.serve(request, ws, identity, audio.push_pcm16, lambda: classroom.is_current(room, student_id, audio))
     finally:
         classroom.close_stream(room, student_id, audio)  # flushes the last utterance
+
+
+async def class_transcript(request: web.Request) -> web.Response:
+    """The whole class's final transcripts for its teacher (teacher token in `token` or as a
+    Bearer header): ?format=json (default), csv or txt, as a download."""
+    room = await _room(request)
+    credential = tokens.bearer(request.headers.get("Authorization"))
+    token = request.query.get("token") or (credential.decode() if credential else None)
+    if (denied := _check_token(request, room, token, "teacher")) is not None:
+        return denied
+    fmt = request.query.get("format", "json")
+    if fmt not in transcript.FORMATS:
+        return _error(400, f"format must be one of {', '.join(transcript.FORMATS)}")
+    try:
+        events = await request.app[CLASSROOM].bus.transcript(room.room_id)
+    except BusError as error:
+        return _error(503, str(error))
+    body = transcript.render({"room_id": room.room_id, "name": room.name}, transcript.finals(events), fmt)
+    filename = re.sub(r"[^A-Za-z0-9._-]+", "-", room.name).strip("-") or room.room_id
+    return web.Response(text=body, content_type=transcript.FORMATS[fmt], charset="utf-8",
+                        headers={"Content-Disposition": f'attachment; filename="{filename}-transcript.{fmt}"'})
 
 
 async def feed(request: web.Request) -> web.StreamResponse:
@@ -469,6 +490,7 @@ def create_app(classroom: Classroom, worker: AsrWorker | None = None) -> web.App
     app.router.add_delete("/api/rooms/{room_id}", close_room)
     app.router.add_post("/api/rooms/{room_id}/offer", offer)
     app.router.add_get("/api/rooms/{room_id}/feed", feed)
+    app.router.add_get("/api/rooms/{room_id}/transcript", class_transcript)
     app.router.add_get("/ws/ingest", ingest)
     app.router.add_get("/api/config", config)
     app.router.add_get("/healthz", healthz)

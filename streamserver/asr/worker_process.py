@@ -37,9 +37,10 @@ def metrics_app(worker: AsrWorker) -> web.Application:
 
 async def run_worker(
     engine: Engine, intent: IntentClassifier | None, redis_url: str, max_batch: int, name: str | None,
-    metrics_host: str, metrics_port: int | None, redis_ca: str | None = None,
+    metrics_host: str, metrics_port: int | None, redis_ca: str | None = None, transcript_retention_s: int | None = None,
 ) -> None:
-    queue = RedisQueue(redis_url, name or worker_name(), ca_file=redis_ca)
+    extra = {"transcript_retention_s": transcript_retention_s} if transcript_retention_s is not None else {}
+    queue = RedisQueue(redis_url, name or worker_name(), ca_file=redis_ca, **extra)
     worker = AsrWorker(engine, queue, intent, max_batch)
     runner = None
     if metrics_port is not None:
@@ -57,8 +58,10 @@ async def run_worker(
 
 
 def main(engine: Engine, intent: IntentClassifier | None, redis_url: str, max_batch: int, name: str | None,
-         metrics_host: str, metrics_port: int | None, redis_ca: str | None = None) -> None:
+         metrics_host: str, metrics_port: int | None, redis_ca: str | None = None,
+         transcript_retention_s: int | None = None) -> None:
     try:
-        asyncio.run(run_worker(engine, intent, redis_url, max_batch, name, metrics_host, metrics_port, redis_ca))
+        asyncio.run(run_worker(engine, intent, redis_url, max_batch, name, metrics_host, metrics_port, redis_ca,
+                               transcript_retention_s))
     except KeyboardInterrupt:
         pass

@@ -23,6 +23,9 @@ class Bus(Protocol):
     async def history(self, room_id: str, limit: int = 200) -> list[str]:
         """The room's most recent events, oldest first."""
 
+    async def transcript(self, room_id: str) -> list[str]:
+        """Every final transcript of the room, in publish order: the whole class."""
+
     async def subscriber_count(self, room_id: str) -> int:
         """How many subscriptions of the room are live (a new one counts once it can receive)."""
 
@@ -54,11 +57,13 @@ class Bus(Protocol):
     async def close(self) -> None: ...
 
 
-def create_bus(redis_url: str | None, history_len: int = 500, ca_file: str | None = None) -> Bus:
+def create_bus(redis_url: str | None, history_len: int = 500, ca_file: str | None = None,
+               transcript_retention_s: int | None = None) -> Bus:
     if redis_url:
         from streamserver.bus.redis import RedisBus
 
-        return RedisBus(redis_url, history_len, ca_file=ca_file)
+        extra = {"transcript_retention_s": transcript_retention_s} if transcript_retention_s is not None else {}
+        return RedisBus(redis_url, history_len, ca_file=ca_file, **extra)
     from streamserver.bus.memory import MemoryBus
 
     return MemoryBus(history_len)

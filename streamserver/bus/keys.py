@@ -4,6 +4,8 @@ name from here (scripts take them as KEYS/ARGV, never spell them).
 Rooms
   room:<id>               pub/sub channel of the room's events
   room:<id>:history       capped stream of the same events (field HISTORY_FIELD), for replay
+  room:<id>:transcript    list of the room's final transcripts (event JSON), the whole class,
+                          expiring TRANSCRIPT_RETENTION_S after its last one
   room:<id>:meta          hash: name, language, max_students (any gateway can adopt the room)
   room:<id>:seats         sorted set student -> end of its longest seat lease (Redis clock, ms)
   room:<id>:seat_leases   hash student -> JSON {holder: lease end}
@@ -21,6 +23,7 @@ Recognition jobs
 from __future__ import annotations
 
 HISTORY_FIELD = "event"
+TRANSCRIPT_RETENTION_S = 30 * 24 * 3600  # how long a class transcript is kept after its last final
 JOBS = "asr:jobs"
 JOB_GROUP = "asr"
 WORKERS = "asr:workers"
@@ -33,6 +36,15 @@ def room_channel(room_id: str) -> str:
 
 def history_key(room_id: str) -> str:
     return f"room:{room_id}:history"
+
+
+def transcript_key(room_id: str) -> str:
+    return f"room:{room_id}:transcript"
+
+
+def is_final_transcript(event_json: str) -> bool:
+    """A `transcript` event (quotes inside its strings are escaped, so text cannot fake this)."""
+    return '"type": "transcript"' in event_json
 
 
 def meta_key(room_id: str) -> str:

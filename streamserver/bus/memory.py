@@ -8,6 +8,8 @@ import time
 from collections import deque
 from typing import AsyncIterator
 
+from streamserver.bus.keys import is_final_transcript
+
 log = logging.getLogger(__name__)
 
 class MemoryBus:
@@ -18,6 +20,7 @@ class MemoryBus:
         self._history: dict[str, deque[str]] = {}
         self._subscribers: dict[str, set[asyncio.Queue[str | None]]] = {}
         self._seats: dict[str, dict[str, dict[str, float]]] = {}  # room -> student -> holder -> lease end
+        self._transcripts: dict[str, list[str]] = {}  # room -> its final transcripts (this process's life)
         self._closed = False
 
     async def publish(self, room_id: str, event_json: str) -> None:
@@ -25,6 +28,8 @@ class MemoryBus:
         if history is None:
             history = self._history[room_id] = deque(maxlen=self._history_len)
         history.append(event_json)
+        if is_final_transcript(event_json):  # the whole class, for the teacher's export
+            self._transcripts.setdefault(room_id, []).append(event_json)
         # No await in here, so every subscriber sees events in publish order.
         for queue in list(self._subscribers.get(room_id, ())):
             try:
@@ -113,6 +118,9 @@ class MemoryBus:
         if not history or limit <= 0:
             return []
         return list(history)[-limit:]
+
+    async def transcript(self, room_id: str) -> list[str]:
+        return list(self._transcripts.get(room_id, ()))
 
     async def subscriber_count(self, room_id: str) -> int:
         """Live subscribers of the room (metrics, and tests waiting for a subscription)."""

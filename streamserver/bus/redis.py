@@ -20,7 +20,9 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import RedisError
 
 from streamserver.bus.connect import redis_client
-from streamserver.bus.keys import HISTORY_FIELD, history_key, meta_key, room_channel, seat_keys
+from streamserver.bus.keys import (
+    HISTORY_FIELD, TRANSCRIPT_RETENTION_S, history_key, is_final_transcript, meta_key, room_channel, seat_keys, transcript_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +112,10 @@ class RedisBus:
         backoff_max_s: float = 5.0,
         poll_s: float = 1.0,
         ca_file: str | None = None,
+        transcript_retention_s: int = TRANSCRIPT_RETENTION_S,
     ) -> None:
         self._history_len = history_len
+        self._retention_s = transcript_retention_s
         self._backoff_min_s = backoff_min_s
         self._backoff_max_s = backoff_max_s
         self._poll_s = poll_s  # how soon a subscriber notices close()
@@ -144,6 +148,9 @@ class RedisBus:
                     maxlen=self._history_len,
                     approximate=True,  # "~": trims whole radix nodes, cheaper than an exact cap
                 )
+                if is_final_transcript(event_json):  # the whole class, for the teacher's export
+                    pipe.rpush(transcript_key(room_id), event_json)
+                    pipe.expire(transcript_key(room_id), self._retention_s)
                 await pipe.execute()
         except _FAILURES as e:
             raise BusError(f"publish to room {room_id!r} failed: {e}") from e
@@ -234,6 +241,14 @@ class RedisBus:
         except _FAILURES as e:
             raise BusError(f"history of room {room_id!r} failed: {e}") from e
         return [fields[HISTORY_FIELD] for _id, fields in reversed(entries)]
+
+    async def transcript(self, room_id: str) -> list[str]:
+        """Every final transcript of the room, in publish order (kept TRANSCRIPT_RETENTION_S
+        after the last), not only the history's last history_len events."""
+        try:
+            return list(await self._redis.lrange(transcript_key(room_id), 0, -1))
+        except _FAILURES as e:
+            raise BusError(f"reading the transcript of room {room_id!r} failed: {e}") from e
 
     async def subscriber_count(self, room_id: str) -> int:
         """Subscribers of the room across every process (PUBSUB NUMSUB)."""

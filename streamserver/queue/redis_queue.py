@@ -20,7 +20,8 @@ from redis.exceptions import ResponseError
 
 from streamserver.bus.connect import redis_client
 from streamserver.bus.keys import (
-    BACKLOG, HISTORY_FIELD, JOB_GROUP, JOBS, WORKERS, alive_key, attempts_key, backlog_fields, done_key, history_key, room_channel,
+    BACKLOG, HISTORY_FIELD, JOB_GROUP, JOBS, TRANSCRIPT_RETENTION_S, WORKERS, alive_key, attempts_key, backlog_fields, done_key,
+    history_key, is_final_transcript, room_channel, transcript_key,
 )
 from streamserver.events import TranscriptEvent, Utterance
 from streamserver.queue.base import Bounds, Entry, QueueFull
@@ -49,14 +50,19 @@ redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
 return {redis.call('XADD', KEYS[1], '*', unpack(ARGV, 6))}
 """
 
-# Publish once per utterance, append to the room's history, acknowledge and delete the job, and
-# count it out of the backlog (once: only the delivery that deletes it): atomically, so that no
-# crash can publish twice or acknowledge without publishing.
+# Publish once per utterance, append to the room's history (and a final transcript to the class
+# transcript), acknowledge and delete the job, and count it out of the backlog (once: only the
+# delivery that deletes it): atomically, so that no crash can publish twice or acknowledge
+# without publishing.
 _COMPLETE = """
 local fresh = redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[6])
 if fresh then
   redis.call('PUBLISH', ARGV[1], ARGV[2])
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', ARGV[7], ARGV[2])
+  if ARGV[10] == '1' then
+    redis.call('RPUSH', KEYS[5], ARGV[2])
+    redis.call('EXPIRE', KEYS[5], ARGV[11])
+  end
 end
 redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
 if redis.call('XDEL', KEYS[3], ARGV[5]) == 1 then
@@ -69,12 +75,16 @@ if fresh then return 1 else return 0 end
 
 # A result made outside the workers (an on-prem gateway's local fallback): published and kept in
 # the history only if no worker published this utterance first; its job, if queued, is then
-# acknowledged by whichever worker reads it (the done key). KEYS: done, history; ARGV: channel,
-# event, history length, done TTL, history field.
+# acknowledged by whichever worker reads it (the done key). KEYS: done, history, class transcript;
+# ARGV: channel, event, history length, done TTL, history field, is a final (1/0), retention.
 _CLAIM = """
 if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[4]) then
   redis.call('PUBLISH', ARGV[1], ARGV[2])
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', ARGV[5], ARGV[2])
+  if ARGV[6] == '1' then
+    redis.call('RPUSH', KEYS[3], ARGV[2])
+    redis.call('EXPIRE', KEYS[3], ARGV[7])
+  end
   return 1
 end
 return 0
@@ -86,7 +96,9 @@ class RedisQueue:
     # has read (its next batch), not across the whole backlog.
     fair = False
     def __init__(self, url: str, worker: str | None = None, *, visibility_s: float = 30.0, history_len: int = 500,
-                 bounds: Bounds = Bounds(), ca_file: str | None = None) -> None:
+                 bounds: Bounds = Bounds(), ca_file: str | None = None,
+                 transcript_retention_s: int = TRANSCRIPT_RETENTION_S) -> None:
+        self.transcript_retention_s = transcript_retention_s
         self.worker = worker
         self.bounds = bounds
         self.visibility_ms = int(visibility_s * 1000)
@@ -151,8 +163,10 @@ class RedisQueue:
     async def claim(self, event: TranscriptEvent) -> bool:
         """Publish a result made outside the workers unless the utterance was published already
         (True: this one is the room's)."""
-        keys = [done_key(event.utterance_id), history_key(event.room_id)]
-        args = [room_channel(event.room_id), event.to_json(), self.history_len, int(DONE_TTL_S), HISTORY_FIELD]
+        keys = [done_key(event.utterance_id), history_key(event.room_id), transcript_key(event.room_id)]
+        event_json = event.to_json()
+        args = [room_channel(event.room_id), event_json, self.history_len, int(DONE_TTL_S), HISTORY_FIELD,
+                int(is_final_transcript(event_json)), self.transcript_retention_s]
         return bool(await self._claim(keys=keys, args=args))
 
     # ---- worker side ----
@@ -211,9 +225,10 @@ class RedisQueue:
         return await self._decode(claimed)
 
     async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
-        keys = [done_key(u.utterance_id), history_key(u.room_id), JOBS, BACKLOG]
-        args = [room_channel(u.room_id), event.to_json(), self.history_len, JOB_GROUP, entry_id, int(DONE_TTL_S), HISTORY_FIELD,
-                *backlog_fields(u.room_id, u.student_id)]
+        keys = [done_key(u.utterance_id), history_key(u.room_id), JOBS, BACKLOG, transcript_key(u.room_id)]
+        event_json = event.to_json()
+        args = [room_channel(u.room_id), event_json, self.history_len, JOB_GROUP, entry_id, int(DONE_TTL_S), HISTORY_FIELD,
+                *backlog_fields(u.room_id, u.student_id), int(is_final_transcript(event_json)), self.transcript_retention_s]
         return bool(await self._complete(keys=keys, args=args))
 
     async def attempt(self, entry_id: str) -> int:

@@ -27,6 +27,14 @@ const param = (key) => fragment.get(key) ?? query.get(key);
 const room = param('room');
 const token = param('token');
 
+// The whole class's final transcripts (not only what this page has shown), from the server.
+for (const format of ['txt', 'csv', 'json']) {
+  const link = document.getElementById(`export-${format}`);
+  if (link) {
+    link.href = `/api/rooms/${encodeURIComponent(room)}/transcript?format=${format}&token=${encodeURIComponent(token)}`;
+  }
+}
+
 const $ = (id) => document.getElementById(id);
 const feedStatus = $('feed-status');
 const studentList = $('students');

@@ -1,0 +1,95 @@
+"""The class transcript belongs to the teacher (issue 15): GET /api/rooms/<id>/transcript returns
+every final of the class in the order spoken, as JSON, CSV or text, for the teacher's token only;
+kept by the bus beside the capped history: in-process for `serve`, a Redis list written by the
+worker's own once-per-utterance publication for a gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import time
+import urllib.error
+import urllib.request
+
+import aiohttp
+import redis
+
+from streamserver.bus.keys import transcript_key
+from streamserver.loadsim.clients import Dashboard, create_room, token_of
+from tests.server_process import ADMIN_TOKEN, ServerProcess, free_port
+from tests.test_gateway import Proc, _wait, gateway, open_student, pcm_of, say  # noqa: F401 - gateway: a fixture
+
+
+def _get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.headers.get_content_type(), r.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, "", error.read().decode()
+
+
+async def _class(url: str, clips: list[bytes]) -> tuple[dict, list[dict]]:
+    """One student says the clips; the room and the transcripts its dashboard showed."""
+    async with aiohttp.ClientSession() as session:
+        room = await create_room(session, url, ADMIN_TOKEN, "Physics 7b", "en")
+        dashboard = await Dashboard().open(session, url, room)
+        async with await open_student(session, url, room, "Ann, \"the\" student", "ann-0001") as ws:
+            for pcm in clips:
+                await say(ws, pcm)
+            deadline = time.monotonic() + 60
+            while len(dashboard.transcripts()) < len(clips) and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+        await dashboard.close()
+        return room, dashboard.transcripts()
+
+
+def _export(url: str, room: dict, fmt: str, role: str = "teacher") -> tuple[int, str, str]:
+    token = token_of(room[f"{role}_url"])
+    return _get(f"{url}/api/rooms/{room['room_id']}/transcript?format={fmt}&token={token}")
+
+
+def test_serve_exports_the_whole_class_in_order_for_the_teacher(librivox):
+    clips = [pcm_of(librivox[1][1]), pcm_of(librivox[4][1])]
+    with ServerProcess() as server:
+        room, shown = asyncio.run(_class(server.url, clips))
+        assert len(shown) == 2
+        status, kind, body = _export(server.url, room, "json")
+        assert status == 200 and kind == "application/json"
+        exported = json.loads(body)
+        assert exported["room_name"] == "Physics 7b"
+        assert [t["utterance_id"] for t in exported["transcripts"]] == [t["utterance_id"] for t in shown]  # as spoken
+        assert [t["text"] for t in exported["transcripts"]] == [t["text"] for t in shown]
+
+        status, kind, body = _export(server.url, room, "csv")
+        rows = list(csv.DictReader(io.StringIO(body)))
+        assert status == 200 and kind == "text/csv" and len(rows) == 2
+        assert rows[0]["student_name"] == 'Ann, "the" student' and rows[0]["text"] == shown[0]["text"]  # quoted, not split
+        assert rows[0]["start_time"].endswith("Z") and rows[0]["utterance_id"] == shown[0]["utterance_id"]
+
+        status, kind, body = _export(server.url, room, "txt")
+        lines = body.splitlines()
+        assert status == 200 and kind == "text/plain" and lines[0].startswith("Class Physics 7b")
+        assert [line.split("] ", 1)[1] for line in lines[2:]] == [f'Ann, "the" student: {t["text"]}' for t in shown]
+
+        assert _export(server.url, room, "json", role="student")[0] == 403  # the students' link cannot read it
+        assert _export(server.url, room, "pdf")[0] == 400
+        assert _get(f"{server.url}/api/rooms/{room['room_id']}/transcript")[0] in (401, 403)  # no token
+
+
+def test_a_gateways_class_transcript_is_written_by_the_worker(gateway, redis_url, tmp_path, librivox):  # noqa: F811
+    mport = free_port()
+    worker = Proc(tmp_path / "worker.log", "worker", "--redis-url", redis_url, "--threads", "2", "--metrics-port", str(mport))
+    try:
+        _wait(f"http://127.0.0.1:{mport}/readyz", 180)
+        room, shown = asyncio.run(_class(gateway, [pcm_of(librivox[1][1])]))
+        status, _, body = _export(gateway, room, "json")
+        assert status == 200 and [t["utterance_id"] for t in json.loads(body)["transcripts"]] == [shown[0]["utterance_id"]]
+        client = redis.Redis.from_url(redis_url)
+        try:
+            assert client.ttl(transcript_key(room["room_id"])) > 24 * 3600  # kept, with its retention
+        finally:
+            client.close()
+    finally:
+        worker.stop()
