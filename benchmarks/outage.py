@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import secrets
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,16 +31,9 @@ import redis
 
 from benchmarks.scaleout import EXE, _log_tails, _wait_http, stop_all
 from streamserver.bus.keys import history_key
+from streamserver.loadsim.measure import latency_summary
 from tests.redis_server import RedisServer, free_port
 from tests.tcp_proxy import TcpProxy
-
-
-def _quantiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p90": None, "p99": None, "max": None}
-    ordered = sorted(values)
-    pick = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)  # noqa: E731
-    return {"p50": round(statistics.median(ordered), 3), "p90": pick(0.9), "p99": pick(0.99), "max": round(ordered[-1], 3)}
 
 
 def central_history(url: str) -> list[dict]:
@@ -114,7 +106,7 @@ def main() -> int:
             "cut_at_s": args.cut_at, "cut_for_s": args.cut_for,
             "events": [{"t_s": round(t - started, 2), "what": what} for t, what in timeline],
             "central_history": {"results": len(ids), "distinct": len(set(ids)), "fallback": len(fallback)},
-            "fallback_s": _quantiles([e["published_ts"] - e["end_of_speech_ts"] for e in fallback]),
+            "fallback_s": latency_summary([e["published_ts"] - e["end_of_speech_ts"] for e in fallback]),
             "gateway": f"gateway --spool-dir --fallback-model {args.fallback_model}, Redis through a TCP proxy cut for "
                        f"{args.cut_for:.0f} s (bytes swallowed, no reset)",
             "loadsim_exit": sim.returncode, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M"),

@@ -160,9 +160,14 @@ class Tally:
         return np.array(out, dtype=float)
 
     def latency_stats(self, values: np.ndarray | None = None) -> dict[str, float | None]:
-        values = self.latencies() if values is None else values
-        if not values.size:
-            return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None}
-        p50, p90, p99 = np.percentile(values, [50, 90, 99])
-        return {k: round(float(v), 4) for k, v in
-                {"p50": p50, "p90": p90, "p99": p99, "max": values.max(), "mean": values.mean()}.items()}
+        return latency_summary(self.latencies() if values is None else values)
+
+
+def latency_summary(values: np.ndarray | list[float]) -> dict[str, float | None]:
+    """p50, p90, p99, max and mean of latencies in seconds, as every report writes them."""
+    values = np.asarray(values, dtype=float)
+    if not values.size:
+        return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {k: round(float(v), 4) for k, v in
+            {"p50": p50, "p90": p90, "p99": p99, "max": values.max(), "mean": values.mean()}.items()}

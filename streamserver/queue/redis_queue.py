@@ -50,20 +50,31 @@ redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
 return {redis.call('XADD', KEYS[1], '*', unpack(ARGV, 6))}
 """
 
-# Publish once per utterance, append to the room's history (and a final transcript to the class
-# transcript), acknowledge and delete the job, and count it out of the backlog (once: only the
-# delivery that deletes it): atomically, so that no crash can publish twice or acknowledge
-# without publishing.
-_COMPLETE = """
-local fresh = redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[6])
-if fresh then
-  redis.call('PUBLISH', ARGV[1], ARGV[2])
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', ARGV[7], ARGV[2])
-  if ARGV[10] == '1' then
-    redis.call('RPUSH', KEYS[5], ARGV[2])
-    redis.call('EXPIRE', KEYS[5], ARGV[11])
+# Publish an utterance's result once: the done key decides (SET NX); the first result is
+# published, appended to the room's history, and a final also to the class transcript. Shared by
+# the worker's completion and the fallback's claim, so both go through one guard.
+# publish_once(done, history, transcript, channel, event, history length, done TTL, history
+# field, is a final ('1'/'0'), retention) -> whether this result was the first.
+_PUBLISH_ONCE = """
+local function publish_once(done, history, transcript, channel, event, history_len, ttl, field, final, retention)
+  if not redis.call('SET', done, '1', 'NX', 'EX', ttl) then return false end
+  redis.call('PUBLISH', channel, event)
+  redis.call('XADD', history, 'MAXLEN', '~', history_len, '*', field, event)
+  if final == '1' then
+    redis.call('RPUSH', transcript, event)
+    redis.call('EXPIRE', transcript, retention)
   end
+  return true
 end
+"""
+
+# The worker's completion: publish once, acknowledge and delete the job, and count it out of the
+# backlog (once: only the delivery that deletes it): atomically, so that no crash can publish
+# twice or acknowledge without publishing. KEYS: done, history, jobs, backlog, class transcript;
+# ARGV: channel, event, history length, group, entry id, done TTL, history field, the two
+# backlog fields, is a final, retention.
+_COMPLETE = _PUBLISH_ONCE + """
+local fresh = publish_once(KEYS[1], KEYS[2], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[6], ARGV[7], ARGV[10], ARGV[11])
 redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
 if redis.call('XDEL', KEYS[3], ARGV[5]) == 1 then
   for i = 8, 9 do
@@ -73,18 +84,12 @@ end
 if fresh then return 1 else return 0 end
 """
 
-# A result made outside the workers (an on-prem gateway's local fallback): published and kept in
-# the history only if no worker published this utterance first; its job, if queued, is then
-# acknowledged by whichever worker reads it (the done key). KEYS: done, history, class transcript;
-# ARGV: channel, event, history length, done TTL, history field, is a final (1/0), retention.
-_CLAIM = """
-if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[4]) then
-  redis.call('PUBLISH', ARGV[1], ARGV[2])
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', ARGV[5], ARGV[2])
-  if ARGV[6] == '1' then
-    redis.call('RPUSH', KEYS[3], ARGV[2])
-    redis.call('EXPIRE', KEYS[3], ARGV[7])
-  end
+# A result made outside the workers (an on-prem gateway's local fallback): published only if no
+# worker published this utterance first; its job, if queued, is then acknowledged by whichever
+# worker reads it (the done key). KEYS: done, history, class transcript; ARGV: channel, event,
+# history length, done TTL, history field, is a final (1/0), retention.
+_CLAIM = _PUBLISH_ONCE + """
+if publish_once(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]) then
   return 1
 end
 return 0
