@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Awaitable, Callable, Protocol
 
 from streamserver.audio.pacing import Pacer
@@ -76,7 +76,10 @@ class Classroom:
         self.admission = Admission()
         self.loop_lag = LoopLag(metrics.loop_lag.observe)
         self.connections: dict[tuple[str, str], Connection] = {}
-        self.segmenter_config = SegmenterConfig.with_hangover(settings.vad_hangover_ms)
+        self.segmenter_config = replace(
+            SegmenterConfig.with_hangover(settings.vad_hangover_ms),
+            partial_interval_ms=settings.partial_interval_ms if settings.partials != "off" else 0,
+        )
         webrtc.use_host_addresses(settings.ice_hosts)
         self.candidates = CandidatePolicy.of(settings.ice_allow, settings.ice_hosts)
         self.metrics = metrics
@@ -279,7 +282,8 @@ class Classroom:
         loop = asyncio.get_running_loop()
         return StudentAudio(
             room.room_id, student_id, name, room.language,
-            on_utterance=lambda u: self.sink.submit(u),
+            on_utterance=self.sink.submit,
+            on_hint=self.sink.hint,
             on_speaking=lambda speaking: loop.create_task(self._speaking(room, student_id, speaking)),
             config=self.segmenter_config,
             pacer=pacer or Pacer(self.settings.max_audio_rate, on_refused=self.metrics.paced_refusals.inc),

@@ -120,6 +120,24 @@ def _add_vad_options(p: argparse.ArgumentParser) -> None:
                    help=f"silence that ends an utterance ({low}..{high}; default %(default)s); every latency includes it")
 
 
+def _add_partial_options(p: argparse.ArgumentParser, interval: bool = True) -> None:
+    p.add_argument("--partials", choices=("auto", "on", "off"), default="auto",
+                   help="live captions while a student speaks: auto (default: while the engine has headroom), on, off")
+    if interval:
+        p.add_argument("--partial-interval-ms", type=_partial_interval_ms, default=1000, metavar="MS",
+                       help="a live caption per this much new voiced audio (250..10000; default %(default)s)")
+
+
+def _partial_interval_ms(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of milliseconds") from None
+    if not 250 <= value <= 10_000:
+        raise argparse.ArgumentTypeError(f"{value} ms is outside 250..10000 ms")
+    return value
+
+
 def _add_retention_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transcript-retention-days", type=_retention_days, default=30, metavar="DAYS",
                    help="how long a class's transcript (every final, for the teacher's export) is kept in Redis after "
@@ -181,6 +199,7 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
                    help="serve HTTPS with a classroom CA made once in DIR (and reused) and a certificate for this "
                         "machine's names and LAN addresses; the CA is offered at /ca.crt, instructions at /ca")
     _add_vad_options(p)
+    _add_partial_options(p)
 
 
 def _ice_servers(args: argparse.Namespace) -> list[dict]:
@@ -243,7 +262,8 @@ def _settings(args: argparse.Namespace, **extra: object):  # noqa: ANN202 - lazy
         max_students=args.max_students, public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms,
         max_queue_wait_s=args.max_queue_wait, queue_bounds=Bounds(total, room, student), max_audio_rate=args.max_audio_rate,
         token_ttl_s=int(args.link_ttl), room_idle_ttl_s=args.room_idle_expiry, redis_ca=args.redis_ca,
-        transcript_retention_s=int(args.transcript_retention_days * 86400), **extra,
+        transcript_retention_s=int(args.transcript_retention_days * 86400), partials=args.partials,
+        partial_interval_ms=args.partial_interval_ms, **extra,
     )
 
 
@@ -376,7 +396,7 @@ def _worker(args: argparse.Namespace) -> int:
         return 2
     engine, intent = loaded
     worker_process.main(engine, intent, args.redis_url, args.max_batch, args.name, args.metrics_host, args.metrics_port,
-                        args.redis_ca, int(args.transcript_retention_days * 86400))
+                        args.redis_ca, int(args.transcript_retention_days * 86400), args.partials)
     return 0
 
 
@@ -467,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
     w.add_argument("--max-batch", type=int, default=16)
     _add_retention_option(w)
+    _add_partial_options(w, interval=False)
     w.add_argument("--name", help="consumer name in the Redis group (default host-pid)")
     w.add_argument("--metrics-host", default="127.0.0.1")
     w.add_argument("--metrics-port", type=int, help="serve /metrics, /healthz, /readyz here")

@@ -52,5 +52,7 @@ class Settings:
     history_len: int = 500
     transcript_retention_s: int = TRANSCRIPT_RETENTION_S  # a class transcript is kept this long after its last final
     vad_hangover_ms: int = 500  # silence that ends an utterance (audio/segmenter.py); a latency floor
+    partials: str = "auto"  # live captions: on, off, auto (while the engine has headroom; asr/worker.py)
+    partial_interval_ms: int = 1000  # a live caption per this much new voiced audio
     public_url: str | None = None  # base of the URLs handed out; default http(s)://host:port
     tls_ca_cert: str | None = None  # the self-signed CA (--tls-self-signed), offered at /ca.crt

@@ -2,6 +2,9 @@
 
 audio (transport) -> Utterance (audio pipeline) -> UtteranceQueued (sink) -> TranscriptEvent,
 NoSpeechEvent or UtteranceFailedEvent (ASR worker) -> room channel; StudentEvent for the roster.
+While a student speaks, the pipeline also hands out hints (Utterance with kind "partial" or
+"speculative", best effort): the worker answers a partial with a TranscriptPartialEvent (live
+caption, never kept in the history) and a speculative one with a result kept for its final.
 Every event a room's dashboard receives is built here and encoded by `to_json`.
 """
 
@@ -9,8 +12,9 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -33,6 +37,21 @@ class Utterance:
     start_ts: float  # arrival of its first voiced frame
     end_of_speech_ts: float  # arrival of its last voiced frame, before the VAD's hangover
     cut: bool = False  # ended by the maximum length, not by a pause
+    # "final": the utterance, recognised and published once. A hint, best effort: "partial" (the
+    # speech so far, while the student speaks; `revision` counts them) or "speculative" (the
+    # utterance as it will be if the pause that began is its end, recognised ahead of the VAD).
+    kind: str = "final"
+    revision: int = 0
+    digest: str = ""  # of the audio (audio_digest): a speculative result serves the final it matches
+
+    @property
+    def is_hint(self) -> bool:
+        return self.kind != "final"
+
+
+def audio_digest(audio: np.ndarray) -> str:
+    """Identifies an utterance's audio: a speculative result is used only for the same samples."""
+    return f"{audio.size}:{zlib.crc32(np.ascontiguousarray(audio).view(np.uint8)):08x}"
 
 
 class Event:
@@ -40,6 +59,7 @@ class Event:
 
     room_id: str
     type: str
+    kept: ClassVar[bool] = True  # appended to the room's history (replayed to a dashboard that joins)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)  # type: ignore[call-overload]
@@ -99,8 +119,8 @@ class UtteranceDropped(Event):
 
 
 @dataclass
-class TranscriptEvent(Event):
-    """The result of one utterance, stamped as published when it is built."""
+class _Words(Event):
+    """What a student said: the fields a final and a live caption share, in this order."""
 
     room_id: str
     utterance_id: str
@@ -108,6 +128,12 @@ class TranscriptEvent(Event):
     student_name: str
     text: str
     language: str
+
+
+@dataclass
+class TranscriptEvent(_Words):
+    """The result of one utterance, stamped as published when it is built."""
+
     start_ts: float
     end_of_speech_ts: float
     published_ts: float
@@ -153,3 +179,19 @@ class UtteranceFailedEvent(TranscriptEvent):
     def of(cls, u: Utterance, text: str = "", language: str = "", intent: dict[str, Any] | None = None) -> UtteranceFailedEvent:
         return cls(u.room_id, u.utterance_id, u.student_id, u.student_name, "", u.language,
                    u.start_ts, u.end_of_speech_ts, now())
+
+
+@dataclass
+class TranscriptPartialEvent(_Words):
+    """The text so far of an utterance still being spoken: provisional, replaced by its final
+    (same utterance_id); a newer revision replaces an older one. Live only: not in the history."""
+
+    revision: int
+    start_ts: float
+    published_ts: float
+    type: str = "transcript_partial"
+    kept: ClassVar[bool] = False
+
+    @classmethod
+    def of(cls, u: Utterance, text: str, language: str) -> TranscriptPartialEvent:
+        return cls(u.room_id, u.utterance_id, u.student_id, u.student_name, text, language, u.revision, u.start_ts, now())

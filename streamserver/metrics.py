@@ -50,6 +50,14 @@ class Metrics:
         self.eos_to_published = Histogram("streamserver_eos_to_published_seconds", "end of speech to published",
                                           buckets=LATENCY_BUCKETS, registry=r)
         self.utterances = Counter("streamserver_utterances", "utterances finished, by outcome", ["outcome"], registry=r)
+        self.hints = Counter("streamserver_hints", "partial and speculative utterances offered for recognition", ["kind"],
+                             registry=r)
+        self.partials = Counter("streamserver_partials", "partial transcripts, by outcome (published; late: the final came "
+                                "first)", ["outcome"], registry=r)
+        self.speculations = Counter("streamserver_speculations", "speculative finals, by outcome (recognised; used_at_end: "
+                                    "the final took it without recognition; used_by_worker; unused)", ["outcome"], registry=r)
+        self.engine_busy = Gauge("streamserver_engine_busy_ratio", "share of the last seconds the engine was recognising",
+                                 registry=r)
         self.loop_lag = Histogram("streamserver_event_loop_lag_seconds", "how late the event loop wakes from a 0.1 s sleep",
                                   buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=r)
         self.streams_per_room = streams_per_room

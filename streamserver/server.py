@@ -38,7 +38,7 @@ def serve_app(settings: Settings, engine: Engine, intent: IntentClassifier | Non
     publisher = OrderedPublisher(bus)
     metrics = Metrics()
     queue = MemoryQueue(publisher, bounds=settings.queue_bounds)
-    worker = AsrWorker(engine, queue, intent, settings.max_batch, metrics)
+    worker = AsrWorker(engine, queue, intent, settings.max_batch, metrics, partials=settings.partials)
     sink = UtteranceSink(queue, publisher, metrics, settings.max_queue_wait_s)
     classroom = Classroom(settings, bus, sink, publisher, metrics, background=(worker,))
     return create_app(classroom, worker), classroom

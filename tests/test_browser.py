@@ -72,16 +72,24 @@ def test_browser_student_to_teacher_dashboard_through_redis(redis_url, tmp_path,
             student.locator("#status", has_text="connected").wait_for(timeout=20000)
             deadline = time.time() + 60
             texts: list[str] = []
+            captioned: dict[str, str] = {}  # utterance id -> its live caption's text, seen while Alice spoke
             while time.time() < deadline:
+                for uid, text in teacher.eval_on_selector_all(
+                    '.transcript.partial[data-student-name="Alice"]', "els => els.map(e => [e.dataset.utteranceId, "
+                    "e.querySelector('.text').textContent])"
+                ):
+                    captioned.setdefault(uid, text)
                 texts = teacher.eval_on_selector_all(
-                    '.transcript[data-student-name="Alice"] .text', "els => els.map(e => e.textContent)"
+                    '.transcript:not(.partial)[data-student-name="Alice"] .text', "els => els.map(e => e.textContent)"
                 )
                 if wer([reference], [" ".join(texts)]) <= 0.15 and len(texts) >= len(clips):
                     break
-                time.sleep(0.5)
+                time.sleep(0.2)
+            finals = teacher.eval_on_selector_all('.transcript:not(.partial)', "els => els.map(e => e.dataset.utteranceId)")
+            partial_now = teacher.eval_on_selector_all('.transcript.partial', "els => els.map(e => e.dataset.utteranceId)")
             SCREENSHOT.parent.mkdir(exist_ok=True)
             teacher.screenshot(path=str(SCREENSHOT), full_page=True)
-            latencies = teacher.eval_on_selector_all(".transcript .latency", "els => els.map(e => e.textContent)")
+            latencies = teacher.eval_on_selector_all(".transcript:not(.partial) .latency", "els => els.map(e => e.textContent)")
             browser.close()
 
     assert not violations, violations
@@ -90,6 +98,11 @@ def test_browser_student_to_teacher_dashboard_through_redis(redis_url, tmp_path,
     assert texts, "no transcript reached the dashboard"
     assert wer([reference], [" ".join(texts)]) <= 0.15, texts
     assert latencies and all(t.endswith(" s") for t in latencies)
+    # Live captions: the long first clip showed as a provisional line that its final replaced
+    # (same utterance, same place: no partial left for a finalised utterance).
+    assert captioned, "no live caption was seen while Alice spoke"
+    assert set(captioned) & set(finals), (captioned, finals)
+    assert not set(partial_now) & set(finals), partial_now
 
     async def stored() -> list[dict]:
         import redis.asyncio as aioredis

@@ -83,6 +83,26 @@ def test_latency_from_the_students_clock():
     assert report.build({}, tally, [], False)["latency_from_clip_end_s"]["max"] == pytest.approx(2.8)
 
 
+def test_live_caption_figures():
+    """Partials: first one from the speech start, gaps between them, the last one's agreement
+    with the final, and any that came after its final."""
+    tally = Tally(t0=0.0)
+    def partial(uid: str, text: str, at: float) -> None:
+        tally.feed_event({"type": "transcript_partial", "utterance_id": uid, "student_id": "ann", "start_ts": 10.0,
+                          "text": text}, at, False)
+    partial("u1", "the cat", 11.2)
+    partial("u1", "the cat sat on", 12.5)
+    tally.feed_event({"type": "transcript", "utterance_id": "u1", "student_id": "ann", "end_of_speech_ts": 13.0,
+                      "text": "The cat sat on the mat."}, 13.6, False)
+    partial("u1", "the cat sat", 13.7)  # after its final
+    stats = tally.partial_stats()
+    assert stats["partials_received"] == 3 and stats["partials_after_final"] == 1
+    assert stats["partial_first_s"]["p50"] == pytest.approx(1.2)
+    assert stats["partial_gap_s"]["max"] == pytest.approx(1.3)
+    assert stats["partial_agreement"] == {"mean": pytest.approx(4 / 6, abs=1e-4), "p10": pytest.approx(4 / 6, abs=1e-4),
+                                          "utterances": 1}
+
+
 def test_small_class_over_websocket(redis_url, tmp_path):
     """4 students in one room for 20 s (in two processes): every clip sent comes back once, none
     lost, plots drawn."""
@@ -108,5 +128,8 @@ def test_small_class_over_websocket(redis_url, tmp_path):
     from_clip_end = report["latency_from_clip_end_s"]  # every student's clips and transcripts pair up here
     assert 0 < from_clip_end["p50"] <= from_clip_end["max"] < latency["max"] + 1
     assert len(report["timeline"]) >= 15 and max(row["connected"] for row in report["timeline"]) == 4
-    for plot in ("latency_cdf.png", "latency_over_time.png", "active_speakers.png", "queue_depth.png"):
+    for plot in ("latency_cdf.png", "latency_over_time.png", "active_speakers.png", "queue_depth.png", "captions_cdf.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # live captions (serve's default --partials auto: this class leaves the engine headroom)
+    assert report["partials_received"] > 0 and report["partials_after_final"] == 0
+    assert 0 < report["partial_first_s"]["p50"] < 5 and report["partial_agreement"]["utterances"] > 0

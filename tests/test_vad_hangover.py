@@ -24,6 +24,9 @@ class Collector:
     def submit(self, utterance) -> None:  # noqa: ANN001 - an Utterance
         self.utterances.append(utterance)
 
+    def hint(self, utterance) -> None:  # noqa: ANN001 - a partial or speculative Utterance
+        pass
+
 
 def _app(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> web.Application:
     """The app the command would serve, without serving it."""

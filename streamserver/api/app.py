@@ -307,6 +307,8 @@ class Seen:
         self._results: set[str] = set()
 
     def first(self, event: str) -> bool:
+        if '"type": "transcript_partial"' in event:  # live only (never replayed): not remembered
+            return json.loads(event).get("utterance_id") not in self._results  # none after its final
         if event in self._events:
             return False
         self._events.add(event)

@@ -54,25 +54,26 @@ class BatchRecogniser:
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def run(self, batch: list[Entry]) -> list[Result]:
+    async def run(self, batch: list[Entry], with_intent: bool = True) -> list[Result]:
+        """`with_intent` False: no intent labels (live captions have none)."""
         by_language: dict[str, list[Entry]] = defaultdict(list)
         for entry in batch:
             by_language[entry[1].language].append(entry)
         out: list[Result] = []
         for language, group in by_language.items():
-            out += await self._group(group, None if language == "auto" else language)
+            out += await self._group(group, None if language == "auto" else language, self.intent if with_intent else None)
         return out
 
-    async def _group(self, group: list[Entry], language: str | None) -> list[Result]:
+    async def _group(self, group: list[Entry], language: str | None, intent: IntentClassifier | None) -> list[Result]:
         audios = [u.audio for _, u in group]
         loop = asyncio.get_running_loop()
         try:
-            results, intents = await loop.run_in_executor(self._executor, recognise, self.engine, self.intent, audios, language)
+            results, intents = await loop.run_in_executor(self._executor, recognise, self.engine, intent, audios, language)
         except Exception:  # noqa: BLE001 - whatever the engine raised, the others still get theirs
             if len(group) == 1:
                 log.exception("recognition of utterance %s failed", group[0][1].utterance_id)
                 return [(group[0], None)]
             log.exception("recognition of a batch of %d failed; retrying its utterances one by one", len(group))
-            return [result for entry in group for result in await self._group([entry], language)]
+            return [result for entry in group for result in await self._group([entry], language, intent)]
         self.metrics.batch_size.observe(len(group))
         return [(entry, result_event(entry[1], r, intents)) for entry, r in zip(group, results)]

@@ -11,6 +11,14 @@ for the running batch and its own, each about a budget long (on a CPU, where the
 one utterance at a time, batches of 16 took seconds). The queue
 unreachable pauses the loop, which retries with backoff; a finished result whose publication
 failed is retried, never dropped.
+
+Hints (live captions and speculative finals) fill the engine's spare time and never delay a
+final by more than one small batch: they are taken only when no final waits, in batches of about
+HINT_BUDGET_S of engine time. A speculative result is kept for its final, which then needs no
+recognition (the sink, or this loop, publishes it); a partial's text goes to the room at once.
+`partials`: "on", "off" (speculative hints only) or "auto" (partials while the finals and
+speculations kept the engine busy less than HEADROOM of the last BUSY_WINDOW_S; no hints at all
+past that, on "off" too: an overloaded engine spends itself on finals).
 """
 
 from __future__ import annotations
@@ -21,18 +29,24 @@ import os
 import secrets
 import socket
 import time
+from collections import deque
 
 from engines.engine import Engine
 from streamserver.asr.batch import BatchRecogniser
-from streamserver.events import TranscriptEvent, Utterance, UtteranceFailedEvent
+from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, UtteranceFailedEvent
 from streamserver.intent import IntentClassifier
 from streamserver.metrics import Metrics
-from streamserver.queue.base import MAX_ATTEMPTS, UNREACHABLE, Entry, UtteranceQueue
+from streamserver.queue.base import MAX_ATTEMPTS, UNREACHABLE, Entry, Speculation, UtteranceQueue
 from streamserver.queue.fair import fair_batch
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 0.25  # also how often dead workers' jobs are looked for
 BATCH_BUDGET_S = 1.0
+HINT_BUDGET_S = 0.25  # a batch of hints holds the engine about this long: a final arriving waits that
+HINT_POLL_MS = 20  # with hints wanted, how long a read waits for a final before looking at them
+BUSY_WINDOW_S = 5.0
+HEADROOM = 0.7
+PARTIAL_MODES = ("auto", "on", "off")
 
 
 def worker_name() -> str:
@@ -44,9 +58,11 @@ def worker_name() -> str:
 class AsrWorker:
     def __init__(
         self, engine: Engine, queue: UtteranceQueue, intent: IntentClassifier | None = None, max_batch: int = 16,
-        metrics: Metrics | None = None,
+        metrics: Metrics | None = None, partials: str = "auto",
     ) -> None:
-        self.engine, self.queue, self.max_batch = engine, queue, max_batch
+        if partials not in PARTIAL_MODES:
+            raise ValueError(f"partials must be one of {', '.join(PARTIAL_MODES)}, not {partials!r}")
+        self.engine, self.queue, self.max_batch, self.partials = engine, queue, max_batch, partials
         self.batch_budget_s = BATCH_BUDGET_S
         self.metrics = metrics or Metrics()
         self.recogniser = BatchRecogniser(engine, intent, self.metrics)
@@ -56,6 +72,8 @@ class AsrWorker:
         self.ready = False  # engine loaded and queue reachable: /readyz
         self.transcribed = 0
         self._task: asyncio.Task | None = None
+        self._busy: deque[tuple[float, float]] = deque()  # (start, end) of recent final/speculative work
+        self._hints_waiting = False  # the last look found hints: look again without waiting
 
     def start(self) -> None:
         """Run in the background of this process's event loop (`serve`)."""
@@ -111,17 +129,23 @@ class AsrWorker:
     async def _loop(self) -> None:
         while True:
             size = self.batch_size()  # once: a read and the batch it feeds agree
+            hints = self.hint_kinds()
             if not self.buffer:
                 # No read-ahead: jobs this worker holds but has not started are the ones that
                 # wait for a claim if it dies, so it takes only what its next batch will use.
+                block_ms = 200 if hints is None else 0 if self._hints_waiting else HINT_POLL_MS
                 try:
-                    self.buffer += await self.queue.read(size, 200)
+                    self.buffer += await self.queue.read(size, block_ms)
                 except UNREACHABLE as error:
                     self.ready = False
                     log.warning("queue unavailable (%s)", error)
                     await asyncio.sleep(0.5)
                     continue
             if not self.buffer:
+                if hints is not None:
+                    await self._take_hints(hints)
+                else:
+                    self._hints_waiting = False
                 continue
             batch = fair_batch(self.buffer, size, lambda e: e[1].room_id)
             self._in_progress = {eid for eid, _ in batch}  # not to be claimed back from ourselves
@@ -137,15 +161,100 @@ class AsrWorker:
             return self.max_batch
         return max(1, min(self.max_batch, int(self._rate * self.batch_budget_s)))
 
+    def hint_kinds(self) -> bool | None:
+        """None: no hints now; else whether partials are taken too (or speculative hints only)."""
+        if self.partials == "on":
+            return True
+        busy = self.busy_ratio()
+        self.metrics.engine_busy.set(round(busy, 3))
+        if busy >= HEADROOM:
+            return None
+        return self.partials == "auto"
+
+    def busy_ratio(self) -> float:
+        """Share of the last BUSY_WINDOW_S the engine spent on finals and speculations."""
+        horizon = time.monotonic() - BUSY_WINDOW_S
+        while self._busy and self._busy[0][1] < horizon:
+            self._busy.popleft()
+        return sum(end - max(start, horizon) for start, end in self._busy) / BUSY_WINDOW_S
+
+    def hint_batch_size(self) -> int:
+        if self._rate <= 0:
+            return min(self.max_batch, 2)
+        return max(1, min(self.max_batch, int(self._rate * HINT_BUDGET_S)))
+
     async def _transcribe(self, batch: list[Entry]) -> None:
+        batch = await self._from_speculations(batch)
+        if not batch:
+            return
         started = time.perf_counter()
         for (entry_id, u), event in await self.recogniser.run(batch):
             if event is None:
                 await self._failed(entry_id, u)
             else:
                 await self._complete(entry_id, u, event)
+        self._worked(started, len(batch))
+
+    def _worked(self, started: float, n: int, essential: bool = True) -> None:
         seconds = time.perf_counter() - started
-        self._rate = 0.8 * self._rate + 0.2 * (len(batch) / max(seconds, 1e-3))
+        self._rate = 0.8 * self._rate + 0.2 * (n / max(seconds, 1e-3))
+        if essential:
+            end = time.monotonic()
+            self._busy.append((end - seconds, end))
+
+    async def _from_speculations(self, batch: list[Entry]) -> list[Entry]:
+        """Finals whose speculative result is ready are published from it; the rest, to recognise."""
+        ids = [u.utterance_id for _, u in batch if u.digest]
+        try:
+            kept = await self.queue.speculations(ids) if ids else {}
+        except UNREACHABLE:
+            kept = {}
+        rest = []
+        for entry_id, u in batch:
+            speculation = kept.get(u.utterance_id)
+            try:
+                event = speculation.event_for(u) if speculation and speculation.serves(u) else None
+            except (ValueError, KeyError, TypeError):
+                event = None
+            if event is None:
+                rest.append((entry_id, u))
+                continue
+            self.metrics.speculations.labels(outcome="used_by_worker").inc()
+            await self._complete(entry_id, u, event)
+        return rest
+
+    async def _take_hints(self, partials: bool) -> None:
+        try:
+            hints = await self.queue.take_hints(self.hint_batch_size(), partials)
+        except UNREACHABLE:
+            hints = []
+        self._hints_waiting = bool(hints)
+        speculative = [("", u) for u in hints if u.kind == "speculative"]
+        if speculative:
+            started = time.perf_counter()
+            results = await self.recogniser.run(speculative)
+            self._worked(started, len(speculative))
+            for (_, u), event in results:
+                if event is None:
+                    continue
+                try:
+                    await self.queue.keep_speculation(u.utterance_id, Speculation(u.digest, event.to_json()))
+                except UNREACHABLE:
+                    continue
+                self.metrics.speculations.labels(outcome="recognised").inc()
+        partial = [("", u) for u in hints if u.kind == "partial"]
+        if partial:
+            started = time.perf_counter()
+            results = await self.recogniser.run(partial, with_intent=False)
+            self._worked(started, len(partial), essential=False)
+            for (_, u), event in results:
+                if event is None or not event.text:
+                    continue
+                try:
+                    sent = await self.queue.publish_partial(TranscriptPartialEvent.of(u, event.text, event.language))
+                except UNREACHABLE:
+                    continue
+                self.metrics.partials.labels(outcome="published" if sent else "late").inc()
 
     async def _complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> None:
         fresh = await self._until_reachable(self.queue.complete, entry_id, u, event)

@@ -38,10 +38,11 @@ def metrics_app(worker: AsrWorker) -> web.Application:
 async def run_worker(
     engine: Engine, intent: IntentClassifier | None, redis_url: str, max_batch: int, name: str | None,
     metrics_host: str, metrics_port: int | None, redis_ca: str | None = None, transcript_retention_s: int | None = None,
+    partials: str = "auto",
 ) -> None:
     extra = {"transcript_retention_s": transcript_retention_s} if transcript_retention_s is not None else {}
     queue = RedisQueue(redis_url, name or worker_name(), ca_file=redis_ca, **extra)
-    worker = AsrWorker(engine, queue, intent, max_batch)
+    worker = AsrWorker(engine, queue, intent, max_batch, partials=partials)
     runner = None
     if metrics_port is not None:
         runner = web.AppRunner(metrics_app(worker), access_log=None)
@@ -59,9 +60,9 @@ async def run_worker(
 
 def main(engine: Engine, intent: IntentClassifier | None, redis_url: str, max_batch: int, name: str | None,
          metrics_host: str, metrics_port: int | None, redis_ca: str | None = None,
-         transcript_retention_s: int | None = None) -> None:
+         transcript_retention_s: int | None = None, partials: str = "auto") -> None:
     try:
         asyncio.run(run_worker(engine, intent, redis_url, max_batch, name, metrics_host, metrics_port, redis_ca,
-                               transcript_retention_s))
+                               transcript_retention_s, partials))
     except KeyboardInterrupt:
         pass

@@ -8,6 +8,7 @@ hangover later expired: latency measured from it includes the VAD's own wait.
 from __future__ import annotations
 
 import math
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,13 @@ class SegmenterConfig:
     min_speech_ms: int = 250  # utterances with less voiced audio are clicks/coughs: dropped
     max_utterance_s: float = 20.0  # longer speech is cut into pieces, each emitted
     start_frames: int = 3  # voiced frames out of the last START_WINDOW needed to start
+    # Hints (on_hint), best effort, while a student speaks: every this much new voiced audio, the
+    # utterance so far ("partial"; 0: none) ...
+    partial_interval_ms: int = 0
+    # ... and, once a pause has lasted the post-roll, the utterance as the hangover would end it
+    # there ("speculative"): the same samples, so its transcript can be ready when the pause is
+    # confirmed. Needs post_roll_ms < hangover_ms.
+    speculate: bool = True
 
     def __post_init__(self) -> None:
         if self.frame_ms not in (10, 20, 30):
@@ -63,6 +71,9 @@ class SegmentedSpeech:
     start_ts: float  # arrival of the first voiced frame
     end_of_speech_ts: float  # arrival of the last voiced frame (before the hangover)
     cut: bool = False  # ended by max_utterance_s rather than by a pause
+    key: str = ""  # the same for an utterance's hints and its final
+    kind: str = "final"  # or "partial", "speculative" (SegmenterConfig)
+    revision: int = 0  # partials of this utterance so far
 
     @property
     def duration_s(self) -> float:
@@ -77,9 +88,11 @@ class UtteranceSegmenter:
         config: SegmenterConfig | None = None,
         on_utterance: Callable[[SegmentedSpeech], None] = lambda _: None,
         clock: Callable[[], float] = now,
+        on_hint: Callable[[SegmentedSpeech], None] = lambda _: None,
     ) -> None:
         self.config = c = config or SegmenterConfig()
         self._on_utterance = on_utterance
+        self._on_hint = on_hint
         self._clock = clock
         self._vad = webrtcvad.Vad(c.aggressiveness)
         self._n = SAMPLE_RATE * c.frame_ms // 1000  # samples per frame
@@ -90,6 +103,8 @@ class UtteranceSegmenter:
         self._min_voiced = frames(c.min_speech_ms)
         self._max_frames = max(1, int(c.max_utterance_s * 1000) // c.frame_ms)
         self._cut_search = max(1, frames(CUT_SEARCH_S * 1000))
+        self._partial_every = frames(c.partial_interval_ms) if c.partial_interval_ms > 0 else 0
+        self._speculate = c.speculate and self._post_roll < self._hangover
         self._pending = np.zeros(0, dtype=np.int16)  # partial frame carried to the next feed()
         self._floor: float | None = None  # noise floor, RMS in int16 units
         # Idle: the last frames as (pcm, voiced, arrival_ts), for pre-roll and the start decision.
@@ -105,6 +120,9 @@ class UtteranceSegmenter:
         self._last_voiced = -1  # index into _frames
         self._silence = 0  # unvoiced frames since the last voiced one
         self._continued = False  # this piece follows a max-length cut
+        self._key = uuid.uuid4().hex
+        self._revision = 0
+        self._next_partial = self._partial_every  # voiced frames
 
     @property
     def speaking(self) -> bool:
@@ -163,6 +181,13 @@ class UtteranceSegmenter:
             self._end()
         elif len(self._frames) >= self._max_frames:
             self._cut()
+        elif voiced and self._partial_every and self._voiced_count >= self._next_partial:
+            self._next_partial = self._voiced_count + self._partial_every
+            self._revision += 1
+            self._hint(len(self._frames), "partial")
+        elif self._speculate and self._silence == self._post_roll and self._last_voiced >= 0:
+            # exactly what _end() will keep if no voice comes back: frames up to here
+            self._hint(len(self._frames), "speculative")
 
     def _start(self) -> None:
         ring = list(self._ring)
@@ -204,10 +229,19 @@ class UtteranceSegmenter:
         self._load(rest)
 
     def _emit(self, upto: int, cut: bool) -> None:
+        if speech := self._speech(upto, cut):
+            self._on_utterance(speech)
+
+    def _hint(self, upto: int, kind: str) -> None:
+        if speech := self._speech(upto, False, kind):
+            self._on_hint(speech)
+
+    def _speech(self, upto: int, cut: bool, kind: str = "final") -> SegmentedSpeech | None:
+        """The first `upto` frames of this piece, if they hold enough voice to be an utterance."""
         upto = min(upto, len(self._frames))
         voiced = [i for i in range(upto) if self._voiced[i]]
         long_enough = len(voiced) >= self._min_voiced or (self._continued and voiced)
         if not voiced or not long_enough:
-            return
+            return None
         audio = np.concatenate(self._frames[:upto]).astype(np.float32) / 32768.0
-        self._on_utterance(SegmentedSpeech(audio, self._ts[voiced[0]], self._ts[voiced[-1]], cut))
+        return SegmentedSpeech(audio, self._ts[voiced[0]], self._ts[voiced[-1]], cut, self._key, kind, self._revision)

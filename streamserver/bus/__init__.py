@@ -14,8 +14,9 @@ from typing import AsyncIterator, Protocol
 
 
 class Bus(Protocol):
-    async def publish(self, room_id: str, event_json: str) -> None:
-        """Deliver to current subscribers of the room and append to its history."""
+    async def publish(self, room_id: str, event_json: str, keep: bool = True) -> None:
+        """Deliver to current subscribers of the room and, if `keep`, append to its history
+        (a live caption is not kept: a dashboard that joins later replays finals only)."""
 
     def subscribe(self, room_id: str) -> AsyncIterator[str]:
         """Events of the room from now on, as JSON strings, until the iterator is closed."""

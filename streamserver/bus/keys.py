@@ -18,6 +18,11 @@ Recognition jobs
   asr:attempts:<entry>    failed recognitions of a job
   asr:backlog             hash of jobs not yet published: r:<room> and s:<room>:<student> -> count
                           (the queue's per-room and per-student bounds)
+Hints (best effort, lost with Redis: nothing of them is durable)
+  asr:hints               hash utterance -> its newest hint (queue/jobs.py pack_hint)
+  asr:hint_order          sorted set utterance -> when offered (epoch s; speculative ones minus
+                          SPECULATIVE_FIRST, so that they come first)
+  asr:spec:<utterance>    a speculative result waiting for its final (queue/base.py Speculation)
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ JOBS = "asr:jobs"
 JOB_GROUP = "asr"
 WORKERS = "asr:workers"
 BACKLOG = "asr:backlog"
+HINTS = "asr:hints"
+HINT_ORDER = "asr:hint_order"
+SPECULATIVE_FIRST = 1e10  # seconds: subtracted from a speculative hint's score
+
+
+def speculation_key(utterance_id: str) -> str:
+    return f"asr:spec:{utterance_id}"
 
 
 def room_channel(room_id: str) -> str:

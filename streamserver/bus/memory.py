@@ -23,12 +23,13 @@ class MemoryBus:
         self._transcripts: dict[str, list[str]] = {}  # room -> its final transcripts (this process's life)
         self._closed = False
 
-    async def publish(self, room_id: str, event_json: str) -> None:
+    async def publish(self, room_id: str, event_json: str, keep: bool = True) -> None:
         history = self._history.get(room_id)
         if history is None:
             history = self._history[room_id] = deque(maxlen=self._history_len)
-        history.append(event_json)
-        if is_final_transcript(event_json):  # the whole class, for the teacher's export
+        if keep:
+            history.append(event_json)
+        if keep and is_final_transcript(event_json):  # the whole class, for the teacher's export
             self._transcripts.setdefault(room_id, []).append(event_json)
         # No await in here, so every subscriber sees events in publish order.
         for queue in list(self._subscribers.get(room_id, ())):

@@ -27,7 +27,7 @@ class OrderedPublisher:
         lock = self._locks.setdefault(event.room_id, asyncio.Lock())
         async with lock:
             try:
-                await self.bus.publish(event.room_id, event.to_json())
+                await self.bus.publish(event.room_id, event.to_json(), keep=event.kept)
                 return True
             except Exception:  # noqa: BLE001 - BusError, or a bug in a bus: the server goes on
                 log.exception("could not publish %s to room %s", event.type, event.room_id)

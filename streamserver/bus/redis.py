@@ -137,9 +137,12 @@ class RedisBus:
         self._renew_seats = self._redis.register_script(_RENEW_SEATS)
         self._release_seat = self._redis.register_script(_RELEASE_SEAT)
 
-    async def publish(self, room_id: str, event_json: str) -> None:
+    async def publish(self, room_id: str, event_json: str, keep: bool = True) -> None:
         # One round trip; no MULTI: live delivery and history need no atomicity between them.
         try:
+            if not keep:
+                await self._redis.publish(room_channel(room_id), event_json)
+                return
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.publish(room_channel(room_id), event_json)
                 pipe.xadd(

@@ -20,10 +20,18 @@ starts when the clip's last audio left the student (client clock), for the stude
 transcripts and clips pair up one to one: it is below latency_s by the quiet end of each clip
 (the last voiced audio comes before the clip's end, ~0.1-0.3 s) and above it by however late the
 audio reached the server.
+
+Live captions (transcript_partial): partials_received; partial_first_s, from the utterance's
+speech start (the event's start_ts, the arrival of its first voiced audio) to its first partial on
+the dashboard; partial_gap_s, between successive partials of one utterance as received; and
+partial_agreement, per utterance with partials, the share of its final's words that its last
+partial has, in order (the longest common subsequence of the two word lists). A partial that
+arrives after its final is counted in partials_after_final (the server should send none).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,12 +48,13 @@ class Tally:
     utterances_sent: int = 0
     sent_by_student: Counter = field(default_factory=Counter)
     sent_at: dict[str, list[float]] = field(default_factory=dict)  # student -> when each clip's last audio left (epoch)
+    sent_texts: dict[str, list[str]] = field(default_factory=dict)  # student -> what each clip sent says
     speaking: set[str] = field(default_factory=set)
     # utterance_id -> (seconds since t0 when the dashboard got it, latency in seconds)
     transcripts: dict[str, tuple[float, float]] = field(default_factory=dict)
     received_by_student: Counter = field(default_factory=Counter)
-    # student -> (end_of_speech_ts, dashboard arrival) of each transcript, epoch seconds
-    received_at: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    # student -> (end_of_speech_ts, dashboard arrival, text) of each transcript, epoch seconds
+    received_at: dict[str, list[tuple[float, float, str]]] = field(default_factory=dict)
     queued: set[str] = field(default_factory=set)
     queued_by_student: Counter = field(default_factory=Counter)
     duplicates: int = 0
@@ -57,6 +66,13 @@ class Tally:
     ice_consent_expired: int = 0  # students' connections closed by their own side: the server stopped answering consent checks
     max_lag_s: float = 0.0
     errors: Counter = field(default_factory=Counter)
+    partials_received: int = 0
+    partials_after_final: int = 0
+    partial_first: dict[str, float] = field(default_factory=dict)  # utterance -> speech start -> first partial (s)
+    partial_gaps: list[float] = field(default_factory=list)
+    # utterance -> (dashboard arrival of its latest partial, that partial's text)
+    last_partial: dict[str, tuple[float, str]] = field(default_factory=dict)
+    partial_agreement: list[float] = field(default_factory=list)  # per utterance with partials, at its final
     # students run by child processes (run.py): their latest (connected, speaking) and snapshot
     remote: dict[int, tuple[int, int]] = field(default_factory=dict)
     _last: dict[int, dict] = field(default_factory=dict, repr=False)
@@ -65,11 +81,12 @@ class Tally:
     def clip_started(self, student_id: str) -> None:
         self.speaking.add(student_id)
 
-    def clip_sent(self, student_id: str) -> None:
+    def clip_sent(self, student_id: str, text: str = "") -> None:
         self.speaking.discard(student_id)
         self.utterances_sent += 1
         self.sent_by_student[student_id] += 1
         self.sent_at.setdefault(student_id, []).append(time.time())
+        self.sent_texts.setdefault(student_id, []).append(text)
 
     def lag(self, seconds: float) -> None:
         self.max_lag_s = max(self.max_lag_s, seconds)
@@ -88,7 +105,7 @@ class Tally:
     # -- students in other processes -------------------------------------------------------
     def snapshot(self) -> dict:
         """The student side of this tally, cumulative, for the parent process (child.py)."""
-        return {"sent": dict(self.sent_by_student), "sent_at": self.sent_at, "connected": self.connected, "speaking": len(self.speaking),
+        return {"sent": dict(self.sent_by_student), "sent_at": self.sent_at, "sent_texts": self.sent_texts, "connected": self.connected, "speaking": len(self.speaking),
                 "max_lag_s": self.max_lag_s, "errors": dict(self.errors), **{k: getattr(self, k) for k in COUNTERS}}
 
     def absorb(self, child: int, snap: dict) -> None:
@@ -99,6 +116,7 @@ class Tally:
             self.sent_by_student[student_id] += new
             self.utterances_sent += new
         self.sent_at.update(snap.get("sent_at", {}))  # each student lives in one child: its whole list
+        self.sent_texts.update(snap.get("sent_texts", {}))
         for key in COUNTERS:
             setattr(self, key, getattr(self, key) + snap[key] - last[key])
         for key, n in snap["errors"].items():
@@ -114,15 +132,45 @@ class Tally:
             if event["utterance_id"] not in self.queued:
                 self.queued.add(event["utterance_id"])
                 self.queued_by_student[event["student_id"]] += 1
+        elif kind == "transcript_partial":
+            self._partial(event, received)
         elif kind == "transcript":
             uid = event["utterance_id"]
             if uid in self.transcripts:
                 if not replayed:  # a history replay after a reconnect repeats what we saw
                     self.duplicates += 1
                 return
+            if uid in self.last_partial:
+                self.partial_agreement.append(word_agreement(self.last_partial.pop(uid)[1], event.get("text", "")))
             self.transcripts[uid] = (received - self.t0, received - float(event["end_of_speech_ts"]))
             self.received_by_student[event["student_id"]] += 1
-            self.received_at.setdefault(event["student_id"], []).append((float(event["end_of_speech_ts"]), received))
+            self.received_at.setdefault(event["student_id"], []).append(
+                (float(event["end_of_speech_ts"]), received, event.get("text", "")))
+
+    def _partial(self, event: dict, received: float) -> None:
+        uid = event["utterance_id"]
+        self.partials_received += 1
+        if uid in self.transcripts:
+            self.partials_after_final += 1
+            return
+        if uid not in self.partial_first:
+            self.partial_first[uid] = received - float(event["start_ts"])
+        if uid in self.last_partial:
+            self.partial_gaps.append(received - self.last_partial[uid][0])
+        self.last_partial[uid] = (received, event.get("text", ""))
+
+    def partial_stats(self) -> dict:
+        agreement = np.asarray(self.partial_agreement, dtype=float)
+        return {
+            "partials_received": self.partials_received,
+            "partials_after_final": self.partials_after_final,
+            "utterances_with_partials": len(self.partial_first),
+            "partial_first_s": latency_summary(list(self.partial_first.values())),
+            "partial_gap_s": latency_summary(self.partial_gaps),
+            "partial_agreement": {"mean": round(float(agreement.mean()), 4) if agreement.size else None,
+                                  "p10": round(float(np.percentile(agreement, 10)), 4) if agreement.size else None,
+                                  "utterances": int(agreement.size)},
+        }
 
     # -- results ---------------------------------------------------------------------------
     def lost(self) -> int:
@@ -156,11 +204,38 @@ class Tally:
         for student, sent in self.sent_at.items():
             got = sorted(self.received_at.get(student, []))
             if len(got) == len(sent):
-                out += [arrived - left for (_, arrived), left in zip(got, sorted(sent))]
+                out += [arrived - left for (_, arrived, _), left in zip(got, sorted(sent))]
         return np.array(out, dtype=float)
+
+    def transcript_pairs(self) -> list[tuple[str, str]]:
+        """(what the clip says, its transcript) for students whose clips and transcripts pair up
+        one to one, in order: the live path's accuracy (benchmarks score it)."""
+        out = []
+        for student, texts in self.sent_texts.items():
+            got = sorted(self.received_at.get(student, []))
+            if len(got) == len(texts):
+                out += [(said, text) for said, (_, _, text) in zip(texts, got)]
+        return out
 
     def latency_stats(self, values: np.ndarray | None = None) -> dict[str, float | None]:
         return latency_summary(self.latencies() if values is None else values)
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[\w']+", text.lower())
+
+
+def word_agreement(partial: str, final: str) -> float:
+    """Share of the final's words that the partial has, in order (longest common subsequence)."""
+    a, b = words(partial), words(final)
+    if not b:
+        return 1.0
+    row = [0] * (len(b) + 1)
+    for x in a:
+        prev = 0
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], prev + 1 if x == y else max(row[j], row[j - 1])
+    return row[-1] / len(b)
 
 
 def latency_summary(values: np.ndarray | list[float]) -> dict[str, float | None]:

@@ -1,4 +1,4 @@
-"""The load simulator's output: DIR/report.json and four PNG plots.
+"""The load simulator's output: DIR/report.json and five PNG plots.
 
 matplotlib (the `loadsim` extra) is imported only here, with the Agg backend: no display needed.
 """
@@ -14,7 +14,7 @@ import numpy as np
 
 from streamserver.loadsim.measure import Tally
 
-PLOTS = ("latency_cdf.png", "latency_over_time.png", "active_speakers.png", "queue_depth.png")
+PLOTS = ("latency_cdf.png", "latency_over_time.png", "active_speakers.png", "queue_depth.png", "captions_cdf.png")
 
 
 def build(settings: dict[str, Any], tally: Tally, timeline: list[dict], metrics_seen: bool) -> dict[str, Any]:
@@ -35,6 +35,7 @@ def build(settings: dict[str, Any], tally: Tally, timeline: list[dict], metrics_
         "ice_consent_expired": tally.ice_consent_expired,
         "latency_s": tally.latency_stats(),  # from the server's end_of_speech_ts
         "latency_from_clip_end_s": tally.latency_stats(tally.latencies_from_clip_end()),  # from the student's clock (measure.py)
+        **tally.partial_stats(),  # live captions (measure.py)
         "max_students_connected": max((row["connected"] for row in timeline), default=0),
         "max_active_speakers": max((row["active_speakers"] for row in timeline), default=0),
         "simulator_max_lag_s": round(tally.max_lag_s, 3),  # > 0.1: the simulator itself was overloaded
@@ -49,7 +50,9 @@ def write(folder: Path, report: dict[str, Any], tally: Tally) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / "report.json"
     out.write_text(json.dumps(report, indent=1) + "\n")
-    return [out, *_plots(folder, report, tally)]
+    pairs = folder / "transcripts.json"  # what each clip said and its transcript, for scoring
+    pairs.write_text(json.dumps([{"reference": r, "transcript": t} for r, t in tally.transcript_pairs()], ensure_ascii=False) + "\n")
+    return [out, pairs, *_plots(folder, report, tally)]
 
 
 def _plots(folder: Path, report: dict[str, Any], tally: Tally) -> list[Path]:
@@ -106,4 +109,17 @@ def _plots(folder: Path, report: dict[str, Any], tally: Tally) -> list[Path]:
     ax.set(xlabel="time since start (s)", ylabel="utterances", title="queue depth" + note)
     ax.grid(alpha=0.3)
     save(fig, "queue_depth.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    series = (("final: end of speech -> dashboard", lat), ("first live caption: speech start -> dashboard",
+              np.asarray(list(tally.partial_first.values()))), ("between live captions", np.asarray(tally.partial_gaps)))
+    for label, values in series:
+        if values.size:
+            ax.step(np.sort(values), np.arange(1, values.size + 1) / values.size, where="post",
+                    label=f"{label} (p50 {np.percentile(values, 50):.2f} s)")
+    if any(values.size for _, values in series):
+        ax.legend(loc="lower right", fontsize=7)
+    ax.set(xlabel="seconds", ylabel="fraction", title="finals and live captions", ylim=(0, 1.02))
+    ax.grid(alpha=0.3)
+    save(fig, "captions_cdf.png")
     return files

@@ -191,7 +191,7 @@ class Timetable:
             if self._started and media_s >= turn.end_s - 1e-6:
                 self._started = False
                 self._next += 1
-                self.hooks.clip_sent(self.student_id)
+                self.hooks.clip_sent(self.student_id, turn.clip.text)
                 continue
             return
 

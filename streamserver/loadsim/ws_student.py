@@ -25,7 +25,7 @@ class PlayHooks:
     """What the simulator counts while students play (called on the event loop, never blocking)."""
 
     clip_started: Callable[[str], None] = lambda student_id: None
-    clip_sent: Callable[[str], None] = lambda student_id: None  # its last frame went out
+    clip_sent: Callable[[str, str], None] = lambda student_id, text: None  # its last frame went out; what it says
     lag: Callable[[float], None] = lambda seconds: None  # how late a frame left (simulator overload)
 
 
@@ -102,6 +102,7 @@ class _Stream:
     sent: int = 0
     clip: bytes = b""
     offset: int = 0
+    text: str = ""  # what the clip being sent says
 
 
 class Pacer:
@@ -154,7 +155,7 @@ class Pacer:
 
     async def _send_next(self, s: _Stream) -> bool:
         if not s.clip and s.sent in s.starts:
-            s.clip, s.offset = s.starts[s.sent].clip.pcm, 0
+            s.clip, s.offset, s.text = s.starts[s.sent].clip.pcm, 0, s.starts[s.sent].clip.text
             self.hooks.clip_started(s.student.student_id)
         if s.clip:
             chunk, s.offset = s.clip[s.offset : s.offset + self.frame_bytes], s.offset + self.frame_bytes
@@ -165,5 +166,5 @@ class Pacer:
         s.sent += 1
         if s.clip and s.offset >= len(s.clip):
             s.clip = b""
-            self.hooks.clip_sent(s.student.student_id)  # counted once its last frame is on the wire
+            self.hooks.clip_sent(s.student.student_id, s.text)  # counted once its last frame is on the wire
         return True

@@ -3,18 +3,50 @@ empties it. MemoryQueue and RedisQueue implement it; AsrWorker and UtteranceSink
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
 from streamserver.config import Bounds
-from streamserver.events import TranscriptEvent, Utterance
+from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
 
 Entry = tuple[str, Utterance]  # (entry id in the queue, the utterance)
 # A queue that cannot be reached (Redis away, a socket error): callers retry with backoff.
 UNREACHABLE = (RedisError, OSError)
-__all__ = ["Bounds", "Entry", "MAX_ATTEMPTS", "QueueFull", "UNREACHABLE", "UtteranceQueue"]
+__all__ = ["Bounds", "Entry", "MAX_ATTEMPTS", "QueueFull", "Speculation", "UNREACHABLE", "UtteranceQueue"]
 MAX_ATTEMPTS = 3  # a job whose recognition failed this often is given up, with an event
+# Hints are best effort: one per utterance (the newest), speculative ones first, none older than
+# this (a newer one, or the final, has made it pointless), at most HINTS_MAX waiting in all.
+HINT_MAX_AGE_S = 5.0
+HINTS_MAX = 10_000
+SPECULATION_TTL_S = 30.0  # a speculative result waits this long for its final
+
+
+@dataclass
+class Speculation:
+    """A speculative utterance's result, waiting for its final: used only for the same audio."""
+
+    digest: str
+    event_json: str  # the TranscriptEvent (or NoSpeechEvent) it would publish
+
+    def serves(self, u: Utterance) -> bool:
+        return bool(u.digest) and u.digest == self.digest and not u.cut
+
+    def event_for(self, u: Utterance) -> TranscriptEvent:
+        """The final's event: the speculation's result, published now."""
+        event = TranscriptEvent.from_json(self.event_json)
+        event.published_ts, event.end_of_speech_ts = now(), u.end_of_speech_ts
+        return event
+
+    def to_json(self) -> str:
+        return json.dumps({"digest": self.digest, "event": self.event_json})
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> Speculation:
+        fields = json.loads(data)
+        return cls(fields["digest"], fields["event"])
 
 
 class QueueFull(Exception):
@@ -45,12 +77,36 @@ class UtteranceQueue(Protocol):
     async def backlog(self) -> dict[str, int]:
         """Jobs not yet published, per room (rooms with none are absent)."""
 
+    async def offer(self, hint: Utterance) -> None:
+        """Keep a hint (a partial or speculative Utterance) for a worker with time to spare; it
+        replaces the utterance's previous hint. Best effort: nothing of it is durable."""
+
+    async def speculation(self, utterance_id: str) -> Speculation | None:
+        """The speculative result kept for this utterance, if any."""
+
+    async def claim(self, event: TranscriptEvent) -> bool:
+        """Publish a result made outside the job path (a speculation, a fallback) unless the
+        utterance was published already (True: this one is the room's)."""
+
     # ---- the worker's side ----
     async def ensure_group(self) -> None:
         """Ready the queue for reading (after a restart of its store too)."""
 
     async def read(self, count: int, block_ms: int) -> list[Entry]:
         """Up to `count` new jobs for this worker, waiting up to block_ms for the first."""
+
+    async def take_hints(self, count: int, partials: bool = True) -> list[Utterance]:
+        """Up to `count` hints, speculative ones first, then partials oldest first (none when
+        `partials` is False); each is taken once, none whose utterance is already published."""
+
+    async def keep_speculation(self, utterance_id: str, speculation: Speculation) -> None:
+        """Keep a speculative result for its final (SPECULATION_TTL_S)."""
+
+    async def speculations(self, utterance_ids: list[str]) -> dict[str, Speculation]:
+        """The speculative results kept for these utterances."""
+
+    async def publish_partial(self, event: TranscriptPartialEvent) -> bool:
+        """Send a partial to the room (not to its history) unless its utterance is published."""
 
     async def claim_orphans(self) -> list[Entry]:
         """Jobs delivered to a worker that died, or idle past the visibility timeout, now ours."""

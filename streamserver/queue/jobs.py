@@ -3,6 +3,8 @@ the bytes of float32, and the VAD worked on PCM16 anyway."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from streamserver.events import Utterance
@@ -18,6 +20,8 @@ def encode_job(u: Utterance) -> dict[str, bytes | str]:
     pcm = (np.clip(u.audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
     fields: dict[str, bytes | str] = {name: getattr(u, name) for name in _TEXT_FIELDS}
     fields.update(start_ts=repr(u.start_ts), end_of_speech_ts=repr(u.end_of_speech_ts), cut="1" if u.cut else "0", audio=pcm)
+    if u.digest:
+        fields["digest"] = u.digest
     return fields
 
 
@@ -30,7 +34,26 @@ def decode_job(fields: dict[bytes, bytes]) -> Utterance:
             start_ts=float(fields[b"start_ts"]),
             end_of_speech_ts=float(fields[b"end_of_speech_ts"]),
             cut=fields[b"cut"] == b"1",
+            digest=fields.get(b"digest", b"").decode(),  # absent in jobs of older gateways
             **text,
         )
     except (KeyError, ValueError, UnicodeDecodeError) as error:
         raise JobError(f"not an utterance job: {error!r}") from error
+
+
+def pack_hint(u: Utterance) -> bytes:
+    """A hint (a partial or speculative Utterance) as one value: a JSON header, NUL, PCM16."""
+    head = {name: getattr(u, name) for name in _TEXT_FIELDS}
+    head.update(start_ts=u.start_ts, end_of_speech_ts=u.end_of_speech_ts, kind=u.kind, revision=u.revision, digest=u.digest)
+    pcm = (np.clip(u.audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    return json.dumps(head).encode() + b"\0" + pcm
+
+
+def unpack_hint(value: bytes) -> Utterance:
+    try:
+        head, _, pcm = value.partition(b"\0")
+        fields = json.loads(head)
+        audio = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
+        return Utterance(audio=audio, **fields)
+    except (ValueError, TypeError) as error:
+        raise JobError(f"not a hint: {error!r}") from error

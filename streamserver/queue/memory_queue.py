@@ -15,8 +15,8 @@ from typing import Any
 
 from streamserver.queue.fair import fair_batch
 from streamserver.bus.ordered import OrderedPublisher
-from streamserver.events import TranscriptEvent, Utterance
-from streamserver.queue.base import Bounds, Entry, QueueFull
+from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance
+from streamserver.queue.base import HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Entry, QueueFull, Speculation
 
 ALIVE_TTL_S = 1.0  # as the Redis queue's: a worker silent this long has no capacity
 DONE_REMEMBERED = 100_000  # utterance ids kept against a second publication
@@ -37,6 +37,9 @@ class MemoryQueue:
         self._attempts: dict[str, int] = {}
         self._arrived = asyncio.Event()
         self._beat = (-1e9, 0.0)  # (monotonic time, utt/s) of the worker's last heartbeat
+        # utterance id -> (its newest hint, monotonic time offered); a replaced hint keeps its place
+        self._hints: OrderedDict[str, tuple[Utterance, float]] = OrderedDict()
+        self._speculations: OrderedDict[str, tuple[Speculation, float]] = OrderedDict()
 
     async def submit(self, u: Utterance) -> str:
         b, student = self.bounds, (u.room_id, u.student_id)
@@ -50,8 +53,52 @@ class MemoryQueue:
         self._per_student[student] += 1
         entry_id = str(next(self._ids))
         self._waiting.append((entry_id, u))
+        self._hints.pop(u.utterance_id, None)  # the final makes its hint pointless
         self._arrived.set()
         return entry_id
+
+    async def offer(self, hint: Utterance) -> None:
+        if hint.utterance_id in self._done or (hint.utterance_id not in self._hints and len(self._hints) >= HINTS_MAX):
+            return
+        self._hints[hint.utterance_id] = (hint, time.monotonic())
+        self._arrived.set()  # a worker waiting for finals looks at hints
+
+    async def take_hints(self, count: int, partials: bool = True) -> list[Utterance]:
+        oldest = time.monotonic() - HINT_MAX_AGE_S
+        for uid in [uid for uid, (_, at) in self._hints.items() if at < oldest]:
+            del self._hints[uid]
+        kinds = ("speculative", "partial") if partials else ("speculative",)
+        taken = [u for kind in kinds for u, _ in self._hints.values() if u.kind == kind][:count]
+        for u in taken:
+            del self._hints[u.utterance_id]
+        return taken
+
+    async def keep_speculation(self, utterance_id: str, speculation: Speculation) -> None:
+        self._speculations[utterance_id] = (speculation, time.monotonic())
+        self._speculations.move_to_end(utterance_id)
+        while self._speculations and next(iter(self._speculations.values()))[1] < time.monotonic() - SPECULATION_TTL_S:
+            self._speculations.popitem(last=False)
+
+    async def speculation(self, utterance_id: str) -> Speculation | None:
+        kept = self._speculations.get(utterance_id)
+        return kept[0] if kept else None
+
+    async def speculations(self, utterance_ids: list[str]) -> dict[str, Speculation]:
+        return {uid: kept[0] for uid in utterance_ids if (kept := self._speculations.get(uid))}
+
+    async def publish_partial(self, event: TranscriptPartialEvent) -> bool:
+        if event.utterance_id in self._done:
+            return False
+        return await self.publisher.publish(event)
+
+    async def claim(self, event: TranscriptEvent) -> bool:
+        if event.utterance_id in self._done:
+            return False
+        if not await self.publisher.publish(event):
+            raise ConnectionError(f"the bus did not take the result of utterance {event.utterance_id}")
+        self._remember_done(event.utterance_id)
+        self._speculations.pop(event.utterance_id, None)
+        return True
 
     async def depth(self) -> int:
         return len(self._waiting) + len(self._pending)
@@ -96,14 +143,18 @@ class MemoryQueue:
             if not await self.publisher.publish(event):
                 # Kept pending: the worker retries the completion, as it does when Redis is away.
                 raise ConnectionError(f"the bus did not take the result of utterance {u.utterance_id}")
-            self._done[u.utterance_id] = None
-            if len(self._done) > DONE_REMEMBERED:
-                self._done.popitem(last=False)
+            self._remember_done(u.utterance_id)
+        self._speculations.pop(u.utterance_id, None)
         if self._pending.pop(entry_id, None) is not None:
             _decrement(self._per_room, u.room_id)
             _decrement(self._per_student, (u.room_id, u.student_id))
         self._attempts.pop(entry_id, None)
         return fresh
+
+    def _remember_done(self, utterance_id: str) -> None:
+        self._done[utterance_id] = None
+        if len(self._done) > DONE_REMEMBERED:
+            self._done.popitem(last=False)
 
     async def attempt(self, entry_id: str) -> int:
         self._attempts[entry_id] = self._attempts.get(entry_id, 0) + 1

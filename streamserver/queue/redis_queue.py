@@ -20,12 +20,12 @@ from redis.exceptions import ResponseError
 
 from streamserver.bus.connect import redis_client
 from streamserver.bus.keys import (
-    BACKLOG, HISTORY_FIELD, JOB_GROUP, JOBS, TRANSCRIPT_RETENTION_S, WORKERS, alive_key, attempts_key, backlog_fields, done_key,
-    history_key, is_final_transcript, room_channel, transcript_key,
+    BACKLOG, HINT_ORDER, HINTS, HISTORY_FIELD, JOB_GROUP, JOBS, SPECULATIVE_FIRST, TRANSCRIPT_RETENTION_S, WORKERS, alive_key,
+    attempts_key, backlog_fields, done_key, history_key, is_final_transcript, room_channel, speculation_key, transcript_key,
 )
-from streamserver.events import TranscriptEvent, Utterance
-from streamserver.queue.base import Bounds, Entry, QueueFull
-from streamserver.queue.jobs import JobError, decode_job, encode_job
+from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
+from streamserver.queue.base import HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Entry, QueueFull, Speculation
+from streamserver.queue.jobs import JobError, decode_job, encode_job, pack_hint, unpack_hint
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,9 @@ CLAIM_MIN_IDLE_MS = 500  # two workers claiming at once: the second finds the jo
 FORGET_IDLE_MS = 10 * 60 * 1000  # a consumer with nothing pending, silent this long, is removed
 
 # Queue a job unless its student, its room or the whole queue is at its bound (the backlog
-# counts are kept with the stream, atomically). KEYS: stream, backlog; ARGV: room field, student
-# field, total, per room, per student, then the job's field/value pairs. The entry id, or the
+# counts are kept with the stream, atomically); the utterance's hint goes (the final makes it
+# pointless). KEYS: stream, backlog, hints, hint order; ARGV: room field, student field, total,
+# per room, per student, utterance id, then the job's field/value pairs. The entry id, or the
 # name of the bound reached.
 _SUBMIT = """
 if tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0') >= tonumber(ARGV[5]) then return 'student' end
@@ -47,7 +48,51 @@ if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') >= tonumber(ARGV[4]) th
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 'total' end
 redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
-return {redis.call('XADD', KEYS[1], '*', unpack(ARGV, 6))}
+redis.call('HDEL', KEYS[3], ARGV[6])
+redis.call('ZREM', KEYS[4], ARGV[6])
+return {redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))}
+"""
+
+# Keep an utterance's newest hint, unless it is published already or HINTS_MAX wait. A partial
+# that replaces a partial keeps its place in line (students are served in turn); a speculative
+# hint goes to the front. KEYS: hints, hint order, done; ARGV: utterance id, packed hint, score,
+# speculative (1/0), HINTS_MAX.
+_OFFER = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+local old = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not old and redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[5]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if ARGV[4] == '1' or not old or tonumber(old) < 0 then redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1]) end
+return 1
+"""
+
+# Take up to ARGV[1] hints, front first: all kinds (ARGV[2] == '1') or speculative ones only
+# (negative scores); skip those whose utterance is published (done key = ARGV[3] .. id).
+# KEYS: hints, hint order.
+_TAKE_HINTS = """
+local ids = {}
+if ARGV[2] == '1' then
+  local popped = redis.call('ZPOPMIN', KEYS[2], ARGV[1])
+  for i = 1, #popped, 2 do ids[#ids + 1] = popped[i] end
+else
+  ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(0', 'LIMIT', 0, ARGV[1])
+  if #ids > 0 then redis.call('ZREM', KEYS[2], unpack(ids)) end
+end
+local out = {}
+for _, id in ipairs(ids) do
+  local hint = redis.call('HGET', KEYS[1], id)
+  redis.call('HDEL', KEYS[1], id)
+  if hint and redis.call('EXISTS', ARGV[3] .. id) == 0 then out[#out + 1] = hint end
+end
+return out
+"""
+
+# A live caption: to the room's channel (not its history) unless the utterance is published.
+# KEYS: done; ARGV: channel, event.
+_PARTIAL = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return 1
 """
 
 # Publish an utterance's result once: the done key decides (SET NX); the first result is
@@ -120,6 +165,9 @@ class RedisQueue:
         self._complete = self.redis.register_script(_COMPLETE)
         self._submit = self.redis.register_script(_SUBMIT)
         self._claim = self.redis.register_script(_CLAIM)
+        self._offer = self.redis.register_script(_OFFER)
+        self._take_hints = self.redis.register_script(_TAKE_HINTS)
+        self._partial = self.redis.register_script(_PARTIAL)
         self._group_ready = False
 
     async def close(self) -> None:
@@ -130,12 +178,23 @@ class RedisQueue:
     async def submit(self, u: Utterance) -> str:
         b = self.bounds
         fields = [item for pair in encode_job(u).items() for item in pair]
-        reply = await self._submit(keys=[JOBS, BACKLOG], args=[*backlog_fields(u.room_id, u.student_id),
-                                                               b.total, b.per_room, b.per_student, *fields])
+        reply = await self._submit(keys=[JOBS, BACKLOG, HINTS, HINT_ORDER],
+                                   args=[*backlog_fields(u.room_id, u.student_id), b.total, b.per_room, b.per_student,
+                                         u.utterance_id, *fields])
         if not isinstance(reply, list):
             scope = reply.decode()
             raise QueueFull(scope, {"student": b.per_student, "room": b.per_room}.get(scope, b.total))
         return reply[0].decode()
+
+    async def offer(self, hint: Utterance) -> None:
+        speculative = hint.kind == "speculative"
+        score = now() - (SPECULATIVE_FIRST if speculative else 0.0)
+        await self._offer(keys=[HINTS, HINT_ORDER, done_key(hint.utterance_id)],
+                          args=[hint.utterance_id, pack_hint(hint), repr(score), int(speculative), HINTS_MAX])
+
+    async def speculation(self, utterance_id: str) -> Speculation | None:
+        value = await self.redis.get(speculation_key(utterance_id))
+        return Speculation.from_json(value) if value else None
 
     async def depth(self) -> int:
         """Jobs not yet published: waiting plus being transcribed."""
@@ -189,13 +248,40 @@ class RedisQueue:
         """New jobs for this worker (waits up to block_ms for the first)."""
         assert self.worker, "a worker name is needed to read"
         try:
-            reply = await self.redis.xreadgroup(JOB_GROUP, self.worker, {JOBS: ">"}, count=count, block=block_ms)
+            reply = await self.redis.xreadgroup(JOB_GROUP, self.worker, {JOBS: ">"}, count=count,
+                                              block=block_ms if block_ms > 0 else None)  # BLOCK 0 would wait for ever
         except ResponseError as error:
             if "NOGROUP" not in str(error):
                 raise
             await self.ensure_group()  # Redis restarted empty
             return []
         return await self._decode([(eid, fields) for _stream, entries in reply or [] for eid, fields in entries])
+
+    async def take_hints(self, count: int, partials: bool = True) -> list[Utterance]:
+        packed = await self._take_hints(keys=[HINTS, HINT_ORDER], args=[count, int(partials), done_key("")])
+        out = []
+        for value in packed:
+            try:
+                hint = unpack_hint(value)
+            except JobError as error:
+                log.error("dropping a hint: %s", error)
+                continue
+            if now() - hint.end_of_speech_ts <= HINT_MAX_AGE_S:  # older: its gateway or student went away
+                out.append(hint)
+        return out
+
+    async def keep_speculation(self, utterance_id: str, speculation: Speculation) -> None:
+        await self.redis.set(speculation_key(utterance_id), speculation.to_json(), ex=int(SPECULATION_TTL_S))
+
+    async def speculations(self, utterance_ids: list[str]) -> dict[str, Speculation]:
+        if not utterance_ids:
+            return {}
+        values = await self.redis.mget([speculation_key(uid) for uid in utterance_ids])
+        return {uid: Speculation.from_json(v) for uid, v in zip(utterance_ids, values) if v}
+
+    async def publish_partial(self, event: TranscriptPartialEvent) -> bool:
+        return bool(await self._partial(keys=[done_key(event.utterance_id)],
+                                        args=[room_channel(event.room_id), event.to_json()]))
 
     async def heartbeat(self, stats: dict[str, Any]) -> None:
         assert self.worker

@@ -70,15 +70,51 @@ class UtteranceSink:
 
     def submit(self, u: Utterance) -> None:
         """Called by the audio pipeline on the event loop; queuing happens in a task."""
-        task = asyncio.get_running_loop().create_task(self._send(u))
+        self._spawn(self._send(u))
+
+    def hint(self, u: Utterance) -> None:
+        """A partial or speculative utterance from the audio pipeline: offered once, best effort."""
+        self._spawn(self._offer(u))
+
+    def _spawn(self, work) -> None:  # noqa: ANN001 - a coroutine
+        task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _offer(self, u: Utterance) -> None:
+        try:
+            await self.queue.offer(u)
+        except UNREACHABLE as error:  # a hint is never retried: the next one, or the final, follows
+            log.debug("hint of utterance %s not offered: %s", u.utterance_id, error)
+            return
+        self.metrics.hints.labels(kind=u.kind).inc()
+
+    async def _speculated(self, u: Utterance) -> bool:
+        """Publish the final from its speculative result, if one is ready for this very audio:
+        the final then waits for no recognition at all."""
+        try:
+            speculation = await self.queue.speculation(u.utterance_id) if u.digest else None
+            if speculation is None or not speculation.serves(u):
+                return False
+            await self.publisher.publish(UtteranceQueued.of(u))
+            event = speculation.event_for(u)
+            if await self.queue.claim(event):
+                self.metrics.utterances.labels(outcome=event.type).inc()
+                self.metrics.eos_to_published.observe(max(0.0, event.published_ts - u.end_of_speech_ts))
+            self.metrics.speculations.labels(outcome="used_at_end").inc()
+            return True
+        except (*UNREACHABLE, ConnectionError, ValueError, KeyError, TypeError) as error:
+            log.warning("speculative result of utterance %s not used: %s", u.utterance_id, error)
+            return False
 
     async def _send(self, u: Utterance) -> None:
         if self.fallback is not None:
             self.fallback.watch(u)
         if self._drainer is not None and not self._drainer.done():  # the spool goes first: order is kept
             await self._to_spool(u)
+            return
+        if await self._speculated(u):
+            self.queued += 1
             return
         deadline, delay = time.monotonic() + RETRY_FOR_S, 0.1
         while True:

@@ -47,6 +47,8 @@ const queueCount = $('queue-count');
 const clearAllButton = $('queue-clear-all');
 
 const transcripts = new Set(); // utterance_ids shown: a history replay must not repeat them
+const partials = new Map();    // utterance_id -> its live caption's element, until its final comes
+const PARTIAL_GONE_MS = 15000; // a caption not updated or finalised this long is dropped (its speech was given up)
 const students = new Map();    // student_id -> <li>
 const counts = new Map();      // intent label (or UNSURE) -> number of transcripts
 const queued = new Map();      // utterance_id -> <li> in the queue
@@ -187,6 +189,32 @@ function renderTranscript(ev, intent) {
   return item;
 }
 
+// A live caption (transcript_partial): shown in place, newer revisions replace it, its final
+// replaces it for good; one that comes after its final, or an older revision, is ignored.
+function showPartial(ev) {
+  if (!ev.utterance_id || transcripts.has(ev.utterance_id)) return;
+  const old = partials.get(ev.utterance_id);
+  if (old && Number(old.dataset.revision) >= ev.revision) return;
+  const follow = isNearBottom();
+  const item = renderTranscript(ev, { label: null, score: null });
+  item.classList.add('partial');
+  item.dataset.revision = ev.revision;
+  item.setAttribute('aria-label', `${ev.student_name} is speaking`);
+  const latency = item.querySelector('.latency');
+  latency.textContent = 'speaking';
+  latency.title = 'Provisional: the student is still speaking';
+  if (old) {
+    clearTimeout(old.goneTimer);
+    old.replaceWith(item);
+  } else {
+    insertInOrder(feed, item, ev.published_ts);
+  }
+  item.goneTimer = setTimeout(() => { if (partials.get(ev.utterance_id) === item) { item.remove(); partials.delete(ev.utterance_id); } },
+    PARTIAL_GONE_MS);
+  partials.set(ev.utterance_id, item);
+  if (follow) scrollToBottom();
+}
+
 // Inserts item into list in published order: usually at the end, but a history replay can fill a
 // gap left during a disconnection.
 function insertInOrder(list, item, publishedTs) {
@@ -307,7 +335,15 @@ function addTranscripts(events) {
     if (!ev || ev.type !== 'transcript' || !ev.utterance_id || transcripts.has(ev.utterance_id)) continue;
     transcripts.add(ev.utterance_id);
     const intent = intentOf(ev);
-    insertInOrder(feed, renderTranscript(ev, intent), ev.published_ts);
+    const item = renderTranscript(ev, intent);
+    const partial = partials.get(ev.utterance_id);
+    if (partial) { // the final takes the caption's place
+      clearTimeout(partial.goneTimer);
+      partials.delete(ev.utterance_id);
+      partial.replaceWith(item);
+    } else {
+      insertInOrder(feed, item, ev.published_ts);
+    }
     countLabel(intent.label);
     if (enqueue(ev, intent)) queuedNow++;
     added++;
@@ -354,6 +390,15 @@ function handle(msg) {
       break;
     case 'transcript':
       addTranscripts([msg]);
+      break;
+    case 'transcript_partial':
+      showPartial(msg);
+      break;
+    case 'no_speech': // its speech had no words after all, or was given up: no caption stays
+    case 'utterance_failed':
+      transcripts.add(msg.utterance_id);
+      partials.get(msg.utterance_id)?.remove();
+      partials.delete(msg.utterance_id);
       break;
     case 'student_joined':
     case 'student_left':

@@ -1,0 +1,223 @@
+"""Live captions and speculative finals (issue 15): the segmenter's hints, both queues' hint
+rules (newest only, speculative first, never after the final), and the whole path on the real
+tiny.en engine and real speech, in-process and through a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import numpy as np
+
+from streamserver.asr.worker import AsrWorker
+from streamserver.audio.pipeline import StudentAudio
+from streamserver.audio.segmenter import SegmentedSpeech, SegmenterConfig, UtteranceSegmenter
+from streamserver.bus.memory import MemoryBus
+from streamserver.bus.ordered import OrderedPublisher
+from streamserver.bus.redis import RedisBus
+from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, audio_digest, now
+from streamserver.metrics import Metrics
+from streamserver.queue.base import Speculation
+from streamserver.queue.memory_queue import MemoryQueue
+from streamserver.queue.redis_queue import RedisQueue
+from streamserver.queue.sink import UtteranceSink
+from tests.test_pipeline import collected, run, until
+
+RATE = 16000
+PAUSE = np.zeros(RATE, np.float32)  # 1 s of silence
+PREFIX = uuid.uuid4().hex[:8]  # utterance ids of this run (the Redis server is the session's)
+
+
+def segment(audio: np.ndarray, config: SegmenterConfig) -> tuple[list[SegmentedSpeech], list[SegmentedSpeech]]:
+    finals: list[SegmentedSpeech] = []
+    hints: list[SegmentedSpeech] = []
+    seg = UtteranceSegmenter(config, finals.append, on_hint=hints.append)
+    for i in range(0, audio.size, 320):  # 20 ms packets
+        seg.feed(audio[i : i + 320])
+    seg.flush()
+    return finals, hints
+
+
+def long_clip(librivox) -> np.ndarray:
+    return max((a for _, a, _ in librivox), key=lambda a: a.size)
+
+
+def test_partials_count_up_and_the_speculation_is_the_final(librivox):
+    """A 7 s clip: a partial per second of voiced audio, revisions 1, 2, ..., each the speech so
+    far, all with the final's key; the speculative hint holds exactly the final's samples."""
+    clip = long_clip(librivox)
+    finals, hints = segment(np.concatenate([PAUSE, clip, PAUSE]), SegmenterConfig(partial_interval_ms=1000))
+    assert len(finals) == 1
+    final = finals[0]
+    partials = [h for h in hints if h.kind == "partial"]
+    speculative = [h for h in hints if h.kind == "speculative"]
+    assert len(partials) >= 4, len(partials)
+    assert [p.revision for p in partials] == list(range(1, len(partials) + 1))
+    assert {h.key for h in hints} == {final.key}
+    sizes = [p.audio.size for p in partials]
+    assert sizes == sorted(sizes) and sizes[-1] < final.audio.size
+    assert all(np.array_equal(p.audio, final.audio[: p.audio.size]) for p in partials)
+    # the last speculation is the one that the hangover confirmed
+    assert np.array_equal(speculative[-1].audio, final.audio)
+    assert audio_digest(speculative[-1].audio) == audio_digest(final.audio)
+
+
+def test_a_speculation_on_a_pause_that_was_not_the_end_differs_from_the_final(librivox):
+    """Speech that resumes after 400 ms: the speculation made in that pause is shorter than the
+    final, so its digest serves no final."""
+    clip = librivox[1][1]
+    loud = np.flatnonzero(np.abs(clip) > 0.05)
+    clip = clip[loud[0] : loud[-1]]  # no quiet edges: the pause is the gap only
+    gap = np.zeros(int(0.4 * RATE), np.float32)
+    finals, hints = segment(np.concatenate([PAUSE, clip, gap, clip, PAUSE]), SegmenterConfig())
+    assert len(finals) == 1
+    speculative = [h for h in hints if h.kind == "speculative"]
+    assert len(speculative) >= 2
+    first = speculative[0]
+    assert first.audio.size < finals[0].audio.size
+    assert audio_digest(first.audio) != audio_digest(finals[0].audio)
+    assert not any(h.kind == "partial" for h in hints)  # partial_interval_ms=0: none
+
+
+def test_no_speculation_when_the_post_roll_fills_the_hangover(librivox):
+    finals, hints = segment(np.concatenate([PAUSE, librivox[0][1], PAUSE]), SegmenterConfig.with_hangover(250))
+    assert len(finals) == 1 and hints == []
+
+
+def hint(uid: str, kind: str, revision: int = 0, seconds: float = 1.0, room: str = "hints") -> Utterance:
+    audio = np.full(int(seconds * RATE), 0.01 * (revision + 1), np.float32)
+    return Utterance(PREFIX + uid, room, "s-" + uid, "Ann", "en", audio, now() - seconds, now(), kind=kind, revision=revision,
+                     digest=audio_digest(audio) if kind == "speculative" else "")
+
+
+async def hint_rules(queue, publisher_bus) -> None:  # noqa: ANN001 - either queue, its bus
+    await queue.offer(hint("a", "partial", 1))
+    await queue.offer(hint("b", "partial", 1))
+    await queue.offer(hint("a", "partial", 2))  # replaces a's first, keeps a's place
+    await queue.offer(hint("c", "speculative"))
+    assert [h.utterance_id for h in await queue.take_hints(10, partials=False)] == [PREFIX + "c"]
+    taken = await queue.take_hints(10)
+    assert [(h.utterance_id, h.revision) for h in taken] == [(PREFIX + "a", 2), (PREFIX + "b", 1)]
+    assert await queue.take_hints(10) == []
+    # the final makes its hint pointless; a published utterance takes no more
+    await queue.offer(hint("d", "partial", 1))
+    final = hint("d", "final")
+    await queue.submit(final)
+    assert await queue.take_hints(10) == []
+    speculation = Speculation(final.digest or "x", TranscriptEvent.of(final, "hello", "en").to_json())
+    await queue.keep_speculation(final.utterance_id, speculation)
+    assert (await queue.speculations([final.utterance_id, "zz"])).keys() == {final.utterance_id}
+    assert (await queue.speculation(final.utterance_id)).event_json == speculation.event_json
+    async with collected(publisher_bus, "hints") as events:
+        await asyncio.sleep(0.2)  # a Redis subscription is live once acknowledged
+        assert await queue.publish_partial(TranscriptPartialEvent.of(hint("d", "partial", 3), "hel", "en"))
+        assert await queue.claim(TranscriptEvent.of(final, "hello", "en"))
+        assert not await queue.claim(TranscriptEvent.of(final, "hello", "en"))
+        assert not await queue.publish_partial(TranscriptPartialEvent.of(hint("d", "partial", 4), "hello", "en"))
+        await queue.offer(hint("d", "partial", 5))
+        assert await queue.take_hints(10) == []
+        await until(lambda: len(events) == 2, 10)
+    assert [e["type"] for e in events] == ["transcript_partial", "transcript"]
+    history = [json.loads(e)["type"] for e in await publisher_bus.history("hints")]
+    assert history == ["transcript"]  # a live caption is not replayed
+
+
+def test_memory_queue_hint_rules():
+    async def body() -> None:
+        bus = MemoryBus()
+        await hint_rules(MemoryQueue(OrderedPublisher(bus)), bus)
+
+    run(body())
+
+
+def test_redis_queue_hint_rules(redis_url):
+    async def body() -> None:
+        bus = RedisBus(redis_url)
+        queue = RedisQueue(redis_url, "w1")
+        try:
+            await hint_rules(queue, bus)
+        finally:
+            await queue.close()
+            await bus.close()
+
+    run(body())
+
+
+def speak(audio_of: StudentAudio, audio: np.ndarray):  # noqa: ANN201 - a coroutine
+    async def go() -> None:
+        for i in range(0, audio.size, 320):  # in real time: 20 ms packets every 20 ms
+            audio_of.push_pcm16(audio[i : i + 320])
+            await asyncio.sleep(0.02)
+    return go()
+
+
+async def live_class(tiny_engine, queue, bus, publisher, clip: np.ndarray, metrics: Metrics,  # noqa: ANN001
+                     room: str) -> list[dict]:
+    sink = UtteranceSink(queue, publisher, metrics)
+    worker = AsrWorker(tiny_engine, queue, None, max_batch=4, metrics=metrics, partials="on")
+    student = StudentAudio(room, "s1", "Ann", "en", sink.submit, config=SegmenterConfig(partial_interval_ms=1000),
+                           on_hint=sink.hint)
+    async with collected(bus, room) as events:
+        await asyncio.sleep(0.2)
+        worker.start()
+        await speak(student, np.concatenate([PAUSE, clip, PAUSE]))
+        await until(lambda: any(e["type"] == "transcript" for e in events), 60)
+        await asyncio.sleep(0.5)  # a late partial would show here
+        await worker.stop()
+    return events
+
+
+def check_live_events(events: list[dict], reference: str) -> None:
+    kinds = [e["type"] for e in events if e["type"] != "utterance_queued"]
+    finals = [e for e in events if e["type"] == "transcript"]
+    partials = [e for e in events if e["type"] == "transcript_partial"]
+    assert len(finals) == 1, kinds
+    assert len(partials) >= 2, kinds
+    assert kinds.index("transcript") == len(kinds) - 1  # nothing after the final
+    assert {p["utterance_id"] for p in partials} == {finals[0]["utterance_id"]}
+    revisions = [p["revision"] for p in partials]
+    assert revisions == sorted(revisions) and len(set(revisions)) == len(revisions)
+    assert partials[0]["published_ts"] < finals[0]["end_of_speech_ts"]  # text while still speaking
+    words = set(finals[0]["text"].lower().split())
+    assert len(words & set(reference.lower().replace(",", "").replace(".", "").split())) >= len(words) // 2
+
+
+def test_live_captions_and_a_speculative_final_in_process(tiny_engine, librivox):
+    """serve's path: partials while the student speaks, then one final with the same id, taken
+    from the speculation (no second recognition) when it was ready in time."""
+    _, clip, reference = max(librivox, key=lambda c: c[1].size)
+
+    async def body() -> tuple[list[dict], Metrics]:
+        bus = MemoryBus()
+        publisher = OrderedPublisher(bus)
+        metrics = Metrics()
+        events = await live_class(tiny_engine, MemoryQueue(publisher), bus, publisher, clip, metrics, "live-mem")
+        assert [json.loads(e)["type"] for e in await bus.history("live-mem")].count("transcript_partial") == 0
+        return events, metrics
+
+    events, metrics = run(body())
+    check_live_events(events, reference)
+    text = metrics.render().decode()
+    assert 'streamserver_speculations_total{outcome="recognised"}' in text
+
+
+def test_live_captions_through_redis(tiny_engine, librivox, redis_url):
+    """Gateway + worker path on a real Redis: the same events; partials are not in the history."""
+    _, clip, reference = max(librivox, key=lambda c: c[1].size)
+
+    async def body() -> list[dict]:
+        bus = RedisBus(redis_url)
+        publisher = OrderedPublisher(bus)
+        queue = RedisQueue(redis_url, "w-live")
+        try:
+            room = "live-" + PREFIX
+            events = await live_class(tiny_engine, queue, bus, publisher, clip, Metrics(), room)
+            history = [json.loads(e)["type"] for e in await bus.history(room)]
+            assert "transcript" in history and "transcript_partial" not in history
+            return events
+        finally:
+            await queue.close()
+            await bus.close()
+
+    check_live_events(run(body()), reference)
