@@ -22,8 +22,9 @@
 # A tiny form runs on the 2-core dev machine (INSTALL=no: its .venv has everything):
 #   OUT=/tmp/tiny INSTALL=no PYTHON=.venv/bin/python STUDENTS=40 DURATION=20 ROOMS=4 GATEWAYS=2 PROCESSES=2 \
 #       BACKEND=onnxruntime THREADS=2 MAX_BATCH=16 bash benchmarks/scaleout_device.sh
-# What comes back in $OUT: $NAME/report.json, $NAME/*.png (4), $NAME-logs.tgz (every process's
-# log), device.log (this script's whole output): 7 files, within the tool's 8.
+# What comes back in $OUT: $NAME/report.json, $NAME/*.png (5), $NAME-logs.tgz (every process's
+# log, and the simulator's transcripts.json), device.log (this script's whole output): 8 files,
+# the tool's limit.
 set -u
 
 cd "$(dirname "$0")/.."
@@ -116,6 +117,8 @@ export STREAMSERVER_ADMIN_TOKEN=${STREAMSERVER_ADMIN_TOKEN:-scaleout-device} PYT
     --worker-args="$WORKER_ARGS" --vad-hangover-ms "$HANGOVER_MS" --ready-timeout "$READY_TIMEOUT" \
     --logs "$LOGS" --out "$OUT/$NAME"
 rc=$?
+# the clips' texts and transcripts travel in the logs' archive: the device tool returns 8 files
+[ -f "$OUT/$NAME/transcripts.json" ] && mv "$OUT/$NAME/transcripts.json" "$LOGS/"
 tar -czf "$OUT/$NAME-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null
 [ $rc -eq 0 ] || fail "benchmarks.scaleout exited with status $rc (process logs in $NAME-logs.tgz, tails above)"
 
@@ -129,12 +132,17 @@ lat, sc = r.get("latency_s", {}), r.get("scenario", {})
 print(json.dumps({k: r.get(k) for k in ("students", "max_students_connected", "utterances_sent", "utterances_queued",
       "transcripts_received", "lost", "lost_vs_queued", "never_queued", "clips_unsent", "duplicates", "join_failures",
       "busy_rejections", "disconnects", "ice_consent_expired", "max_active_speakers", "simulator_max_lag_s", "latency_s",
-      "latency_from_clip_end_s", "errors")}, indent=1))
+      "latency_from_clip_end_s", "partials_received", "partials_after_final", "partial_first_s", "partial_gap_s",
+      "partial_agreement", "errors")}, indent=1))
 ok = (r.get("max_students_connected", 0) >= r.get("students", 1) and r.get("transcripts_received", 0) > 0
       and r.get("lost") == 0 and r.get("duplicates") == 0 and lat.get("p99") is not None
       and lat["p99"] <= p99_max and r.get("students", 0) >= 2000)  # >= 2,000 students, p99 <= P99_MAX
 print(f"MUST-SHOW {'MET' if ok else 'NOT MET'}: {r.get('max_students_connected')} students, lost {r.get('lost')}, "
       f"duplicates {r.get('duplicates')}, p99 end-of-speech -> dashboard {lat.get('p99')} s (at most {p99_max} s) "
       f"(p50 {lat.get('p50')}), workers ready after {sc.get('ready_after_s')} s")
+first = (r.get("partial_first_s") or {}).get("p50")
+print(f"live captions: {r.get('partials_received')} received, first p50 {first} s from the speech start "
+      f"(issue 15: at most 1.0 s), {r.get('partials_after_final')} after their final, "
+      f"agreement {(r.get('partial_agreement') or {}).get('mean')}")
 EOF
 say "done; results in $OUT/$NAME"

@@ -44,8 +44,9 @@ def long_clip(librivox) -> np.ndarray:
 
 
 def test_partials_count_up_and_the_speculation_is_the_final(librivox):
-    """A 7 s clip: a partial per second of voiced audio, revisions 1, 2, ..., each the speech so
-    far, all with the final's key; the speculative hint holds exactly the final's samples."""
+    """A 7 s clip: the first partial after half a second of voiced audio, then one per second,
+    revisions 1, 2, ..., each the speech so far, all with the final's key; the speculative hint
+    holds exactly the final's samples."""
     clip = long_clip(librivox)
     finals, hints = segment(np.concatenate([PAUSE, clip, PAUSE]), SegmenterConfig(partial_interval_ms=1000))
     assert len(finals) == 1
@@ -57,6 +58,7 @@ def test_partials_count_up_and_the_speculation_is_the_final(librivox):
     assert {h.key for h in hints} == {final.key}
     sizes = [p.audio.size for p in partials]
     assert sizes == sorted(sizes) and sizes[-1] < final.audio.size
+    assert sizes[0] < 1.3 * RATE  # 300 ms pre-roll + about half a second of speech
     assert all(np.array_equal(p.audio, final.audio[: p.audio.size]) for p in partials)
     # the last speculation is the one that the hangover confirmed
     assert np.array_equal(speculative[-1].audio, final.audio)

@@ -44,7 +44,8 @@ class SegmenterConfig:
     max_utterance_s: float = 20.0  # longer speech is cut into pieces, each emitted
     start_frames: int = 3  # voiced frames out of the last START_WINDOW needed to start
     # Hints (on_hint), best effort, while a student speaks: every this much new voiced audio, the
-    # utterance so far ("partial"; 0: none) ...
+    # utterance so far ("partial"; 0: none; the first one after half of it: the teacher sees
+    # who speaks, and about what, soonest) ...
     partial_interval_ms: int = 0
     # ... and, once a pause has lasted the post-roll, the utterance as the hangover would end it
     # there ("speculative"): the same samples, so its transcript can be ready when the pause is
@@ -122,7 +123,7 @@ class UtteranceSegmenter:
         self._continued = False  # this piece follows a max-length cut
         self._key = uuid.uuid4().hex
         self._revision = 0
-        self._next_partial = self._partial_every  # voiced frames
+        self._next_partial = max(1, self._partial_every // 2)  # voiced frames
 
     @property
     def speaking(self) -> bool:
