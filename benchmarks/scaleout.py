@@ -65,6 +65,29 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
             proc.kill()
 
 
+HINT_FAMILIES = ("streamserver_hints_total", "streamserver_partials_total", "streamserver_speculations_total",
+                 "streamserver_utterances_total")
+
+
+def _hint_counters(worker_urls: list[str], gateway_urls: list[str], token: str) -> dict[str, float]:
+    """The live workers' and the gateways' caption and speculation counters, summed by sample
+    (a gateway's /metrics needs the admin token)."""
+    totals: dict[str, float] = {}
+    for url, auth in [*((u, None) for u in worker_urls), *((u, token) for u in gateway_urls)]:
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {auth}"} if auth else {})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as r:
+                text = r.read().decode()
+        except OSError as error:
+            print(f"no metrics from {url}: {error}", file=sys.stderr, flush=True)
+            continue
+        for line in text.splitlines():
+            if line.startswith(HINT_FAMILIES):
+                name, value = line.rsplit(" ", 1)
+                totals[name] = totals.get(name, 0.0) + float(value)
+    return totals
+
+
 def _log_tails(logs: Path, lines: int = 15) -> None:
     """The end of every process log on stderr: what a failed run needs first."""
     for log in sorted(logs.glob("*.log")):
@@ -170,6 +193,8 @@ def main() -> int:
                 start_worker("worker-0-restarted")
                 killed["replacement_started_at_s"] = round(time.time() - started, 1)
         rc = sim.wait()
+        counters = _hint_counters([f"http://127.0.0.1:{mport}/metrics" for w, mport in workers if w.poll() is None],
+                                  [url + "/metrics" for _, url in gateways], token)
         report_path = args.out / "report.json"
         simulated = report_path.exists()
         report = json.loads(report_path.read_text()) if simulated else {}
@@ -180,6 +205,7 @@ def main() -> int:
             "ort_spin": env.get("STREAMSERVER_ORT_SPIN", "0 (the worker default)"), "killed": killed, "loadsim_exit": rc, "cpus": os.cpu_count(),
             "command": " ".join(sys.argv),
         }
+        report["hint_counters"] = counters  # live captions and speculative finals, as the processes count them
         report_path.write_text(json.dumps(report, indent=1))
         lat = report.get("latency_s", {})
         print(f"sent {report.get('utterances_sent')} received {report.get('transcripts_received')} "

@@ -50,8 +50,8 @@ class Metrics:
         self.eos_to_published = Histogram("streamserver_eos_to_published_seconds", "end of speech to published",
                                           buckets=LATENCY_BUCKETS, registry=r)
         self.utterances = Counter("streamserver_utterances", "utterances finished, by outcome", ["outcome"], registry=r)
-        self.hints = Counter("streamserver_hints", "partial and speculative utterances offered for recognition", ["kind"],
-                             registry=r)
+        self.hints = Counter("streamserver_hints", "partial and speculative utterances, by outcome (offered for "
+                             "recognition; not_wanted: no worker takes them now; unreachable)", ["kind", "outcome"], registry=r)
         self.partials = Counter("streamserver_partials", "partial transcripts, by outcome (published; late: the final came "
                                 "first)", ["outcome"], registry=r)
         self.speculations = Counter("streamserver_speculations", "speculative finals, by outcome (recognised; used_at_end: "

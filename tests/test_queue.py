@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from streamserver.queue.fair import fair_batch
-from streamserver.asr.worker import AsrWorker
+from streamserver.asr.worker import AsrWorker, cancel_for_sure
 from streamserver.bus.keys import history_key
 from streamserver.events import TranscriptEvent, Utterance, now
 from streamserver.queue.jobs import decode_job, encode_job
@@ -99,8 +99,7 @@ def test_jobs_of_a_dead_worker_are_claimed_and_published_once(fresh, tiny_engine
             await asyncio.sleep(0.1)
             if await producer.depth() == 0:
                 break
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_for_sure(task)
         assert await producer.depth() == 0
         for q in (producer, dead, live):
             await q.close()
@@ -142,8 +141,7 @@ def test_redis_restart_with_aof_loses_nothing(tmp_path, tiny_engine, librivox):
         for u in after:
             await producer.submit(u)
         await wait_for({u.utterance_id for u in after}, "r3")
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_for_sure(task)
         await producer.close()
         await q.close()
         for room, sent in (("r2", before), ("r3", after)):

@@ -17,8 +17,9 @@ final by more than one small batch: they are taken only when no final waits, in 
 HINT_BUDGET_S of engine time. A speculative result is kept for its final, which then needs no
 recognition (the sink, or this loop, publishes it); a partial's text goes to the room at once.
 `partials`: "on", "off" (speculative hints only) or "auto" (partials while the finals and
-speculations kept the engine busy less than HEADROOM of the last BUSY_WINDOW_S; no hints at all
-past that, on "off" too: an overloaded engine spends itself on finals).
+speculations kept the engine busy less than HEADROOM of the last BUSY_WINDOW_S and no final
+waited in the queue more than FINAL_WAIT_S in it; no hints at all past HEADROOM, on "off" too:
+an overloaded engine spends itself on finals).
 """
 
 from __future__ import annotations
@@ -36,17 +37,31 @@ from streamserver.asr.batch import BatchRecogniser
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, UtteranceFailedEvent
 from streamserver.intent import IntentClassifier
 from streamserver.metrics import Metrics
-from streamserver.queue.base import MAX_ATTEMPTS, UNREACHABLE, Entry, Speculation, UtteranceQueue
+from streamserver.queue.base import MAX_ATTEMPTS, UNREACHABLE, Entry, Speculation, UtteranceQueue, queued_at
 from streamserver.queue.fair import fair_batch
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 0.25  # also how often dead workers' jobs are looked for
 BATCH_BUDGET_S = 1.0
-HINT_BUDGET_S = 0.25  # a batch of hints holds the engine about this long: a final arriving waits that
+HINT_BUDGET_S = 0.1  # a batch of hints holds the engine about this long: a final arriving waits that
 HINT_POLL_MS = 20  # with hints wanted, how long a read waits for a final before looking at them
 BUSY_WINDOW_S = 5.0
 HEADROOM = 0.7
+# auto: a final that waited longer than this in the queue (the engine was not free: on a CPU box
+# the hints' work also takes the cores from the gateway and the other workers) stops the partials
+# for BUSY_WINDOW_S
+FINAL_WAIT_S = 0.5
 PARTIAL_MODES = ("auto", "on", "off")
+
+
+async def cancel_for_sure(task: asyncio.Task) -> None:
+    """Cancel until it is done: on Python 3.11 a cancellation that lands as an asyncio.timeout()
+    expires is turned into a TimeoutError (redis-py reads under one), and the loop would go on."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("worker task ended with %r", task.exception())
 
 
 def worker_name() -> str:
@@ -73,6 +88,7 @@ class AsrWorker:
         self.transcribed = 0
         self._task: asyncio.Task | None = None
         self._busy: deque[tuple[float, float]] = deque()  # (start, end) of recent final/speculative work
+        self._waited = -1e9  # monotonic time a final last waited more than FINAL_WAIT_S in the queue
         self._hints_waiting = False  # the last look found hints: look again without waiting
 
     def start(self) -> None:
@@ -81,8 +97,7 @@ class AsrWorker:
 
     async def stop(self) -> None:
         if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_for_sure(self._task)
 
     async def run(self) -> None:
         await self._until_reachable(self.queue.ensure_group)
@@ -109,7 +124,9 @@ class AsrWorker:
     async def _heartbeats(self) -> None:
         while True:
             try:
-                await self.queue.heartbeat({"utt_per_s": round(self._rate, 2), "buffer": len(self.buffer)})
+                kinds = self.hint_kinds()
+                await self.queue.heartbeat({"utt_per_s": round(self._rate, 2), "buffer": len(self.buffer),
+                                            "hints": "none" if kinds is None else "all" if kinds else "speculative"})
                 self.metrics.queue_depth.set(await self.queue.depth())
                 self.ready = True
             except UNREACHABLE:
@@ -169,7 +186,7 @@ class AsrWorker:
         self.metrics.engine_busy.set(round(busy, 3))
         if busy >= HEADROOM:
             return None
-        return self.partials == "auto"
+        return self.partials == "auto" and time.monotonic() - self._waited > BUSY_WINDOW_S
 
     def busy_ratio(self) -> float:
         """Share of the last BUSY_WINDOW_S the engine spent on finals and speculations."""
@@ -184,6 +201,9 @@ class AsrWorker:
         return max(1, min(self.max_batch, int(self._rate * HINT_BUDGET_S)))
 
     async def _transcribe(self, batch: list[Entry]) -> None:
+        now = time.time()
+        if any(now - at > FINAL_WAIT_S for entry_id, _ in batch if (at := queued_at(entry_id)) is not None):
+            self._waited = time.monotonic()
         batch = await self._from_speculations(batch)
         if not batch:
             return

@@ -12,7 +12,7 @@ from redis.exceptions import RedisError
 from streamserver.config import Bounds
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
 
-Entry = tuple[str, Utterance]  # (entry id in the queue, the utterance)
+Entry = tuple[str, Utterance]  # (entry id in the queue, the utterance): "<ms since epoch>-<n>", as Redis makes them
 # A queue that cannot be reached (Redis away, a socket error): callers retry with backoff.
 UNREACHABLE = (RedisError, OSError)
 __all__ = ["Bounds", "Entry", "MAX_ATTEMPTS", "QueueFull", "Speculation", "UNREACHABLE", "UtteranceQueue"]
@@ -22,6 +22,20 @@ MAX_ATTEMPTS = 3  # a job whose recognition failed this often is given up, with 
 HINT_MAX_AGE_S = 5.0
 HINTS_MAX = 10_000
 SPECULATION_TTL_S = 30.0  # a speculative result waits this long for its final
+
+
+def queued_at(entry_id: str) -> float | None:
+    """When a job was queued (epoch seconds), from its entry id; None for an id of another form."""
+    ms, _, _ = entry_id.partition("-")
+    return int(ms) / 1000 if ms.isdigit() else None
+
+
+HINT_LEVELS = ("none", "speculative", "all")  # what a worker takes now (its heartbeat says)
+
+
+def wanted_hints(levels) -> str:  # noqa: ANN001 - the live workers' levels, any iterable
+    """The most any live worker takes: a hint no worker would take is not worth sending."""
+    return max(levels, key=lambda level: HINT_LEVELS.index(level) if level in HINT_LEVELS else 0, default="none")
 
 
 @dataclass
@@ -73,6 +87,9 @@ class UtteranceQueue(Protocol):
 
     async def capacity(self) -> tuple[int, float]:
         """Live workers and their summed recent throughput (utterances/s)."""
+
+    async def hints_wanted(self) -> str:
+        """"all", "speculative" or "none": the most hints any live worker takes now."""
 
     async def backlog(self) -> dict[str, int]:
         """Jobs not yet published, per room (rooms with none are absent)."""

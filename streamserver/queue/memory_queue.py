@@ -16,7 +16,9 @@ from typing import Any
 from streamserver.queue.fair import fair_batch
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance
-from streamserver.queue.base import HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Entry, QueueFull, Speculation
+from streamserver.queue.base import (
+    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Entry, QueueFull, Speculation, wanted_hints,
+)
 
 ALIVE_TTL_S = 1.0  # as the Redis queue's: a worker silent this long has no capacity
 DONE_REMEMBERED = 100_000  # utterance ids kept against a second publication
@@ -36,7 +38,7 @@ class MemoryQueue:
         self._done: OrderedDict[str, None] = OrderedDict()
         self._attempts: dict[str, int] = {}
         self._arrived = asyncio.Event()
-        self._beat = (-1e9, 0.0)  # (monotonic time, utt/s) of the worker's last heartbeat
+        self._beat = (-1e9, 0.0, "none")  # (monotonic time, utt/s, hints wanted) of the worker's last heartbeat
         # utterance id -> (its newest hint, monotonic time offered); a replaced hint keeps its place
         self._hints: OrderedDict[str, tuple[Utterance, float]] = OrderedDict()
         self._speculations: OrderedDict[str, tuple[Speculation, float]] = OrderedDict()
@@ -51,7 +53,7 @@ class MemoryQueue:
             raise QueueFull("total", b.total)
         self._per_room[u.room_id] += 1
         self._per_student[student] += 1
-        entry_id = str(next(self._ids))
+        entry_id = f"{int(time.time() * 1000)}-{next(self._ids)}"  # as a Redis stream's: queue.base.queued_at
         self._waiting.append((entry_id, u))
         self._hints.pop(u.utterance_id, None)  # the final makes its hint pointless
         self._arrived.set()
@@ -107,8 +109,12 @@ class MemoryQueue:
         return dict(self._per_room)
 
     async def capacity(self) -> tuple[int, float]:
-        when, rate = self._beat
+        when, rate, _ = self._beat
         return (1, rate) if time.monotonic() - when < ALIVE_TTL_S else (0, 0.0)
+
+    async def hints_wanted(self) -> str:
+        when, _, hints = self._beat
+        return wanted_hints([hints] if time.monotonic() - when < ALIVE_TTL_S else [])
 
     async def ensure_group(self) -> None:
         return None
@@ -135,7 +141,7 @@ class MemoryQueue:
         return stale
 
     async def heartbeat(self, stats: dict[str, Any]) -> None:
-        self._beat = (time.monotonic(), float(stats.get("utt_per_s", 0.0)))
+        self._beat = (time.monotonic(), float(stats.get("utt_per_s", 0.0)), str(stats.get("hints", "none")))
 
     async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
         fresh = u.utterance_id not in self._done

@@ -24,7 +24,9 @@ from streamserver.bus.keys import (
     attempts_key, backlog_fields, done_key, history_key, is_final_transcript, room_channel, speculation_key, transcript_key,
 )
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
-from streamserver.queue.base import HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Entry, QueueFull, Speculation
+from streamserver.queue.base import (
+    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Entry, QueueFull, Speculation, wanted_hints,
+)
 from streamserver.queue.jobs import JobError, decode_job, encode_job, pack_hint, unpack_hint
 
 log = logging.getLogger(__name__)
@@ -204,21 +206,24 @@ class RedisQueue:
         counts = await self.redis.hgetall(BACKLOG)
         return {k.decode()[2:]: int(v) for k, v in counts.items() if k.startswith(b"r:") and int(v) > 0}
 
-    async def capacity(self) -> tuple[int, float]:
-        """Live workers and their summed recent throughput (utterances/s). Alive = its heartbeat
-        key exists: Redis's clock decides, so hosts whose clocks disagree do not hide workers."""
+    async def _live_stats(self) -> list[dict[str, Any]]:
+        """The heartbeat stats of the live workers. Alive = its heartbeat key exists: Redis's
+        clock decides, so hosts whose clocks disagree do not hide workers."""
         stats = await self.redis.hgetall(WORKERS)
         names = list(stats)
         async with self.redis.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.exists(alive_key(name.decode() if isinstance(name, bytes) else name))
             alive = await pipe.execute() if names else []
-        workers, rate = 0, 0.0
-        for name, is_alive in zip(names, alive):
-            if is_alive:
-                workers += 1
-                rate += float(json.loads(stats[name]).get("utt_per_s", 0.0))
-        return workers, rate
+        return [json.loads(stats[name]) for name, is_alive in zip(names, alive) if is_alive]
+
+    async def capacity(self) -> tuple[int, float]:
+        """Live workers and their summed recent throughput (utterances/s)."""
+        live = await self._live_stats()
+        return len(live), sum(float(s.get("utt_per_s", 0.0)) for s in live)
+
+    async def hints_wanted(self) -> str:
+        return wanted_hints(s.get("hints", "none") for s in await self._live_stats())
 
     async def is_done(self, utterance_id: str) -> bool:
         """A worker (or a claim) has published this utterance."""

@@ -56,6 +56,7 @@ class UtteranceSink:
         self._busy_lock = asyncio.Lock()
         self.queued = 0
         self.dropped = 0
+        self._wanted = (-1e9, "none")  # (monotonic time checked, what the workers take: queue.hints_wanted)
 
     def start(self) -> None:
         if self.spool is not None and self.spool.pending():  # left by a gateway that stopped
@@ -82,12 +83,23 @@ class UtteranceSink:
         task.add_done_callback(self._tasks.discard)
 
     async def _offer(self, u: Utterance) -> None:
+        """Only what a worker would take now: an overloaded engine takes no hints, and sending
+        them anyway would cost this process and the queue for nothing."""
         try:
+            checked, wanted = self._wanted
+            if time.monotonic() - checked >= 1.0:
+                self._wanted = (time.monotonic(), wanted)  # one check a second, however many hints come
+                wanted = await self.queue.hints_wanted()
+                self._wanted = (time.monotonic(), wanted)
+            if wanted == "none" or (wanted == "speculative" and u.kind == "partial"):
+                self.metrics.hints.labels(kind=u.kind, outcome="not_wanted").inc()
+                return
             await self.queue.offer(u)
         except UNREACHABLE as error:  # a hint is never retried: the next one, or the final, follows
             log.debug("hint of utterance %s not offered: %s", u.utterance_id, error)
+            self.metrics.hints.labels(kind=u.kind, outcome="unreachable").inc()
             return
-        self.metrics.hints.labels(kind=u.kind).inc()
+        self.metrics.hints.labels(kind=u.kind, outcome="offered").inc()
 
     async def _speculated(self, u: Utterance) -> bool:
         """Publish the final from its speculative result, if one is ready for this very audio:
