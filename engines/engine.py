@@ -23,7 +23,7 @@ import numpy as np
 
 from engines.backends import Backend
 from engines.decoding import Decoded, detect_languages, greedy_decode
-from engines.features import N_FRAMES, N_SAMPLES, SAMPLE_RATE, log_mel
+from engines.features import N_FRAMES, N_MELS, N_SAMPLES, SAMPLE_RATE, log_mel
 from engines.policy import EncoderPolicy
 from engines.tokenizer import WhisperTokenizer
 from engines.voicing import has_voicing
@@ -165,9 +165,11 @@ class StepEngine(Engine):
     """An Engine over a step-by-step Backend: encoder and decoder steps as numpy calls, Whisper's
     rules in decoding.py."""
 
-    def __init__(self, model: str, backend: Backend, tokenizer: WhisperTokenizer, policy: EncoderPolicy) -> None:
+    def __init__(self, model: str, backend: Backend, tokenizer: WhisperTokenizer, policy: EncoderPolicy,
+                 n_mels: int = N_MELS) -> None:
         super().__init__(model, tokenizer, policy)
         self.backend = backend
+        self.n_mels = n_mels  # 80, or 128 (large-v3): read off the model's first convolution
 
     def _run(self, audios: Sequence[np.ndarray], frames: list[int], language: str | None, prompt: str | None) -> list[Transcript]:
         results: list[Transcript | None] = [None] * len(audios)
@@ -175,7 +177,7 @@ class StepEngine(Engine):
         for i, f in enumerate(frames):
             by_frames[f].append(i)
         for n_frames, rows in by_frames.items():
-            mel = np.stack([log_mel(audios[i], n_frames, self.policy.pad_value) for i in rows])
+            mel = np.stack([log_mel(audios[i], n_frames, self.policy.pad_value, self.n_mels) for i in rows])
             state = self.backend.encode(mel)
             if not self.multilingual:
                 languages = ["en"] * len(rows)

@@ -75,7 +75,7 @@ def mel_filterbank(
 
 
 @lru_cache(maxsize=None)
-def _filter_bands() -> tuple[tuple[int, int, np.ndarray], ...]:
+def _filter_bands(n_mels: int = N_MELS) -> tuple[tuple[int, int, np.ndarray], ...]:
     """Per filter: the FFT-bin range where it is non-zero and its float64 weights.
 
     Each triangle spans at most ~14 of the 201 bins. Applying the bands one by
@@ -84,7 +84,7 @@ def _filter_bands() -> tuple[tuple[int, int, np.ndarray], ...]:
     does, and on a busy machine their wake-up costs more than the arithmetic.
     """
     bands = []
-    for row in mel_filterbank():
+    for row in mel_filterbank(n_mels=n_mels):
         nonzero = np.flatnonzero(row)
         lo, hi = (int(nonzero[0]), int(nonzero[-1]) + 1) if nonzero.size else (0, 0)
         weights = row[lo:hi].astype(np.float64)
@@ -116,8 +116,8 @@ def frames_for_seconds(seconds: float) -> int:
     return max(2, frames + (frames % 2))
 
 
-def log_mel(audio: np.ndarray, n_frames: int, fill: float | None = None) -> np.ndarray:
-    """Whisper log-mel features of ``audio``, float32 ``[80, n_frames]``.
+def log_mel(audio: np.ndarray, n_frames: int, fill: float | None = None, n_mels: int = N_MELS) -> np.ndarray:
+    """Whisper log-mel features of ``audio``, float32 ``[n_mels, n_frames]`` (80; large-v3 128).
 
     Equal (to float rounding) to Whisper's
     ``log_mel_spectrogram(audio, padding=N_SAMPLES)[:, :n_frames]``, but the
@@ -168,18 +168,18 @@ def log_mel(audio: np.ndarray, n_frames: int, fill: float | None = None) -> np.n
         frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH]
         spectrum = np.fft.rfft(frames * _hann_window(), axis=-1)
         power = spectrum.real**2 + spectrum.imag**2  # [frames, 201]
-        mel = np.empty((N_MELS, n_audio_frames))
-        for m, (lo, hi, weights) in enumerate(_filter_bands()):
+        mel = np.empty((n_mels, n_audio_frames))
+        for m, (lo, hi, weights) in enumerate(_filter_bands(n_mels)):
             mel[m] = power[:, lo:hi] @ weights
         log_spec = np.log10(np.maximum(mel, _LOG_FLOOR))
         top = float(log_spec.max())
     else:
-        log_spec = np.empty((N_MELS, 0))
+        log_spec = np.empty((n_mels, 0))
         top = math.log10(_LOG_FLOOR)
 
     floor = top - _DYNAMIC_RANGE
     pad_value = (max(math.log10(_LOG_FLOOR), floor) + 4.0) / 4.0
-    out = np.full((N_MELS, n_frames), pad_value, dtype=np.float32)
+    out = np.full((n_mels, n_frames), pad_value, dtype=np.float32)
     keep = min(n_audio_frames, n_frames)
     out[:, :keep] = (np.maximum(log_spec[:, :keep], floor) + 4.0) / 4.0
     if fill is not None:

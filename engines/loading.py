@@ -37,12 +37,12 @@ def load_engine(
     """An engine for a packaged model; the first call builds its graphs into the cache.
     policy None takes the model's measured default (engines/policy.py). backend "auto" tries
     tensorrt, then torch-cuda, then onnxruntime, with a warning for each that cannot load."""
-    policy = policy or default_policy(model)
-    if policy not in POLICIES:
-        raise ValueError(f"unknown encoder policy {policy!r}; choose one of: {', '.join(POLICIES)}")
     if backend != "auto" and backend not in ENGINES:
         raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(ENGINES)}, auto")
     weights = load_weights(model)
+    policy = policy or default_policy(weights.twin or model)  # a folder of packaged weights: the measured one
+    if policy not in POLICIES:
+        raise ValueError(f"unknown encoder policy {policy!r}; choose one of: {', '.join(POLICIES)}")
     tokenizer = WhisperTokenizer.load(weights.folder, weights.config, weights.dims.n_vocab)
     for name in ENGINES if backend == "auto" else (backend,):
         try:
@@ -66,7 +66,8 @@ def _engine(
         from engines.gpu.engine import TorchCudaEngine
 
         return TorchCudaEngine(model, weights, tokenizer, policy)
-    return StepEngine(model, create_backend(name, weights, threads, precision, progress), tokenizer, policy)
+    return StepEngine(model, create_backend(name, weights, threads, precision, progress), tokenizer, policy,
+                      weights.dims.n_mels)
 
 
 def create_backend(

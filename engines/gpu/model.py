@@ -33,10 +33,10 @@ class GpuLogMel:
     """Whisper's log-mel on the GPU, equal (to float32 rounding) to engines.features.log_mel: at
     2,000 utterances a second the numpy front end alone would need several CPU cores."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, n_mels: int = 80) -> None:
         self.device = device
         self.window = torch.hann_window(N_FFT, periodic=True, device=device)
-        self.filters = torch.from_numpy(np.array(mel_filterbank(), np.float32)).to(device)  # [80, 201]
+        self.filters = torch.from_numpy(np.array(mel_filterbank(n_mels=n_mels), np.float32)).to(device)  # [n_mels, 201]
         # Two pinned host buffers used in turn, each guarded by the event of its last copy: the
         # copy then runs without blocking the host, and the host never overwrites samples the
         # GPU has not read yet. A pageable copy would wait for every decode step already queued.
