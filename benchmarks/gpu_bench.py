@@ -199,7 +199,7 @@ def hf_model(model: str, device: Any) -> tuple[Any, Callable[[list[np.ndarray]],
         gen.lang_to_id = {f"<|{code}|>": i for code, i in tok.languages.items()}
         gen.task_to_id = {"transcribe": tok.special("<|transcribe|>"), "translate": tok.special("<|translate|>")}
     hf.generation_config = gen
-    mel = GpuLogMel(device)
+    mel = GpuLogMel(device, d.n_mels)
     extra = {"language": "en", "task": "transcribe"} if tok.multilingual else {}
 
     @torch.inference_mode()
@@ -375,7 +375,11 @@ def phases(engine: Any, audios: list[np.ndarray], language: str, trace: Path | N
 def run(
     prepared: Path, out_path: Path, models: list[str], repeats: int, sweep_seconds: float,
     device_name: str = "cuda", slots: int = 256, batches: tuple[int, ...] = BATCHES, rates: tuple[int, ...] = RATES,
+    labels: dict[str, str] | None = None,
 ) -> None:
+    """`labels`: model folders (random weights: speed only) -> the name their rows carry; they
+    have no CPU reference to be compared with, and get the in-flight sweep as base does."""
+    labels = labels or {}
     import torch
 
     from engines.gpu.engine import TorchCudaEngine
@@ -420,11 +424,12 @@ def run(
             report.save()
             _log(f"{model} equality: {json.dumps({k: v for k, v in result.items() if not k.startswith('diff')})}")
 
-        report.guard(f"{model} equality", equality)
+        if model not in labels:
+            report.guard(f"{model} equality", equality)
 
         for batch in (1, 64):
             audios = [clips[three]] if batch == 1 else [clips[english[i % len(english)]] for i in range(batch)]
-            trace = out_path.parent / f"kernels-{model}-b{batch}.txt"
+            trace = out_path.parent / f"kernels-{Path(model).name}-b{batch}.txt"
             report.data.setdefault("phases", {}).setdefault(model, {})[str(batch)] = report.guard(
                 f"{model} phases {batch}", lambda: phases(engine, audios, "en", trace))
             report.save()
@@ -434,20 +439,20 @@ def run(
 
             def torch_row() -> None:
                 times, _ = _timed(lambda: engine.transcribe_batch(audios, "en"), repeats if batch <= 16 else max(5, repeats // 4))
-                row = _row(model, "torch-cuda", batch, audios, times)
+                row = _row(labels.get(model, model), "torch-cuda", batch, audios, times)
                 report.data["rows"].append(row)
                 report.save()
                 _log(str(row))
 
             report.guard(f"{model} torch-cuda batch {batch}", torch_row)
 
-        if model == "base":
+        if model == "base" or model in labels:
             sweep = report.guard("in-flight sweep", lambda: inflight_sweep(engine, [clips[n] for n in english], rates, sweep_seconds))
             if sweep:
                 ok = [r for r in sweep if r["p99_ms"] <= P99_BOUND_MS]
                 best = max(ok, key=lambda r: r["rate_utt_s"]) if ok else None
-                report.data["inflight"] = {
-                    "model": model, "max_rate_utt_s": best["rate_utt_s"] if best else 0,
+                report.data["inflight" if model == "base" else f"inflight {labels[model]}"] = {
+                    "model": labels.get(model, model), "max_rate_utt_s": best["rate_utt_s"] if best else 0,
                     "p99_ms": best["p99_ms"] if best else None, "sweep": sweep, "seconds_per_rate": sweep_seconds,
                 }
                 report.save()
@@ -464,7 +469,7 @@ def run(
             for batch in batches:
                 audios = [clips[three]] if batch == 1 else [clips[english[i % len(english)]] for i in range(batch)]
                 times, _ = _timed(lambda: transcribe(audios), 5 if batch <= 16 else 3)
-                row = _row(model, "hf-eager", batch, audios, times)
+                row = _row(labels.get(model, model), "hf-eager", batch, audios, times)
                 report.data["rows"].append(row)
                 report.save()
                 _log(str(row))
@@ -492,7 +497,11 @@ def main() -> None:
     r = sub.add_parser("run")
     r.add_argument("--prepared", type=Path, required=True)
     r.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu-h200.json"))
-    r.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    r.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS, help="packaged models (none: only --turbo-template)")
+    r.add_argument("--turbo-template", type=Path, metavar="DIR",
+                   help="also a folder with large-v3-turbo's geometry (1280 wide, 32 + 4 layers, 128 mels, 51,866 "
+                        "tokens) and random weights, written from this tests.synthetic_model.export_template() folder: "
+                        "speed only; its rows say so")
     r.add_argument("--repeats", type=int, default=20)
     r.add_argument("--sweep-seconds", type=float, default=2.0)
     r.add_argument("--device", default="cuda", help="cpu only to check the script itself")
@@ -505,8 +514,16 @@ def main() -> None:
     if args.command == "prepare":
         prepare(args.out, args.clips)
     elif args.command == "run":
-        run(args.prepared, args.out, args.models, args.repeats, args.sweep_seconds, args.device, args.slots,
-            tuple(args.batches), tuple(args.rates))
+        models, labels = list(args.models), {}
+        if args.turbo_template:
+            from tests.synthetic_model import TURBO, write_turbo_like
+
+            _log("writing the large-v3-turbo-geometry folder (random weights)")
+            folder = str(write_turbo_like(Path("/tmp/large-v3-turbo-geometry"), **TURBO, template=args.turbo_template))
+            models.append(folder)
+            labels[folder] = "large-v3-turbo geometry (random weights)"
+        run(args.prepared, args.out, models, args.repeats, args.sweep_seconds, args.device, args.slots,
+            tuple(args.batches), tuple(args.rates), labels)
     else:
         print(markdown(json.loads(args.results.read_text())))
 

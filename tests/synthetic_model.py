@@ -20,8 +20,30 @@ YUE_ID = 50358  # v3 adds Cantonese after the 99 languages of v1/v2
 BASE = {"width": 512, "mels": 80, "vocab": 51865}
 
 
-def _template() -> tuple[list[tuple[str, np.ndarray]], list[tuple[str, str]]]:
-    """base's variables in file order (name, array) and its aliases."""
+SIDECARS = ("config.json", "tokenizer.json", "vocabulary.txt")
+
+
+def export_template(out: Path) -> Path:
+    """base's variable list (names, shapes, dtypes, the scalars' values, aliases) and its sidecar
+    files, small enough to carry to a machine that lacks the base package (the GPU benchmark)."""
+    variables, aliases = _template()
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {"variables": [{"name": n, "shape": list(a.shape), "dtype": str(a.dtype), **({"value": a.item()} if a.ndim == 0 else {})}
+                          for n, a in variables], "aliases": aliases}
+    (out / "template.json").write_text(json.dumps(spec))
+    for name in SIDECARS:
+        (out / name).write_bytes((ct2_model_dir("base") / name).read_bytes())
+    return out
+
+
+def _template(exported: Path | None = None) -> tuple[list[tuple[str, np.ndarray]], list[tuple[str, str]]]:
+    """base's variables in file order (name, array) and its aliases (from an exported template:
+    placeholder arrays of the right shape and dtype, the scalars' values)."""
+    if exported is not None:
+        spec = json.loads((exported / "template.json").read_text())
+        variables = [(v["name"], np.array(v["value"], v["dtype"]) if "value" in v else
+                      np.broadcast_to(np.zeros((), v["dtype"]), v["shape"])) for v in spec["variables"]]
+        return variables, [tuple(a) for a in spec["aliases"]]
     path = ct2_model_dir("base") / "model.bin"
     data = path.read_bytes()
     r = _Reader(data, path)
@@ -58,11 +80,16 @@ def write_model_bin(path: Path, variables: list[tuple[str, np.ndarray]], aliases
     path.write_bytes(b"".join(out))
 
 
+# large-v3-turbo itself: width 1280, 20 heads, 32 encoder layers, 4 decoder layers
+TURBO = {"width": 1280, "heads": 20, "encoder_layers": 32, "decoder_layers": 4}
+
+
 def write_turbo_like(folder: Path, width: int = 256, heads: int = 4, encoder_layers: int = 2, decoder_layers: int = 4,
-                     seed: int = 0, dtype: type = np.float16) -> Path:
-    """The folder, with random weights (normal, std 0.02 for matrices; layer norms near 1)."""
+                     seed: int = 0, dtype: type = np.float16, template: Path | None = None) -> Path:
+    """The folder, with random weights (normal, std 0.02 for matrices; layer norms near 1).
+    `template`: an export_template() folder instead of the installed base package."""
     rng = np.random.default_rng(seed)
-    variables, aliases = _template()
+    variables, aliases = _template(template)
     scale = {BASE["width"]: width, 2 * BASE["width"]: 2 * width, 3 * BASE["width"]: 3 * width, 4 * BASE["width"]: 4 * width,
              BASE["vocab"]: BASE["vocab"] + 1}
     layers = {"encoder": encoder_layers, "decoder": decoder_layers}
@@ -80,21 +107,19 @@ def write_turbo_like(folder: Path, width: int = 256, heads: int = 4, encoder_lay
                 out.append((new_name, value))
                 continue
             shape = [scale.get(n, n) for n in array.shape]
+            if new_name.endswith("position_encodings/encodings"):
+                shape = [array.shape[0], width]
             if new_name == "encoder/conv1/weight":
                 shape[1] = 128
             if new_name.endswith("position_encodings/encodings"):
-                out.append((new_name, array[:, :1].repeat(width, 1).astype(dtype) * 0 + _sinusoids(array.shape[0], width).astype(dtype)))
+                out.append((new_name, _sinusoids(array.shape[0], width).astype(dtype)))
                 continue
-            if new_name.endswith("gamma"):
-                values = 1.0 + 0.1 * rng.standard_normal(shape)
-            elif new_name.endswith(("beta", "bias")):
-                values = 0.02 * rng.standard_normal(shape)
-            else:
-                values = 0.02 * rng.standard_normal(shape) * (5.0 if "embeddings" in new_name else 1.0)
+            std, mean = (0.1, 1.0) if new_name.endswith("gamma") else (0.02 * (5.0 if "embeddings" in new_name else 1.0), 0.0)
+            values = rng.standard_normal(shape, dtype=np.float32) * std + mean
             out.append((new_name, values.astype(array.dtype if array.dtype != np.float16 else dtype)))
     folder.mkdir(parents=True, exist_ok=True)
     write_model_bin(folder / "model.bin", out, [(a, t) for a, t in aliases if not re.match(r".*/layer_[1-9]", a + t)])
-    _write_sidecars(folder)
+    _write_sidecars(folder, template)
     return folder
 
 
@@ -108,8 +133,8 @@ def _shift(token_id: int) -> int:
     return token_id + 1 if token_id >= YUE_ID else token_id
 
 
-def _write_sidecars(folder: Path) -> None:
-    base = ct2_model_dir("base")
+def _write_sidecars(folder: Path, template: Path | None = None) -> None:
+    base = template or ct2_model_dir("base")
     config = json.loads((base / "config.json").read_text())
     config["lang_ids"] = sorted([*config["lang_ids"], YUE_ID])
     config["suppress_ids"] = [_shift(i) for i in config["suppress_ids"]]

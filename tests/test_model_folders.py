@@ -190,3 +190,56 @@ def test_turbo_geometry_on_onnxruntime_matches_ctranslate2(turbo_like):
 
     _turbo_checks(engine, turbo_like, encode, logits_of)
 
+
+
+def torch_cpu_agreement(folder: Path, clips: list[np.ndarray], budget: int = 16) -> dict[str, float]:
+    """The torch engine's model (engines/gpu/model.py, on the CPU in float32) against the plain
+    numpy reference (tests/reference_whisper.py, float64) on a model folder: the largest relative
+    difference of the cross-attention K/V and of the logits after the forced prefix, and on how
+    many clips greedy decoding (the engine's suppression rules, both ways) gives the same tokens.
+    The reference is itself checked against ctranslate2 here (test_turbo_geometry_...), so this
+    is the torch side of the same comparison; it runs wherever torch is installed."""
+    import torch
+
+    from engines.decoding import _suppression
+    from engines.features import log_mel
+    from engines.gpu.model import TorchWhisper
+    from engines.tokenizer import WhisperTokenizer
+    from tests import reference_whisper as ref
+
+    weights = load_weights(str(folder))
+    tok = WhisperTokenizer.load(weights.folder, weights.config, weights.dims.n_vocab)
+    model = TorchWhisper(weights, torch.device("cpu"), torch.float32)
+    t64 = ref.as_float64(weights.tensors)
+    prefix = [tok.sot, tok.languages["en"], tok.special("<|transcribe|>"), tok.special("<|notimestamps|>")]
+    always, first = _suppression(tok, weights.dims.n_vocab)
+    figures = {"kv": 0.0, "logits": 0.0, "same_tokens": 0, "clips": len(clips)}
+    for i, clip in enumerate(clips):
+        mel = log_mel(clip[: 16000 * 29], 3000, None, weights.dims.n_mels)[None]
+        with torch.inference_mode():
+            kv = model.encode(torch.from_numpy(mel))
+        features = ref.encode(t64, weights.dims, mel.astype(np.float64))
+        if i == 0:
+            for (k, v), (rk, rv) in zip(kv, ref.cross_kv(t64, weights.dims, features)):
+                figures["kv"] = max(figures["kv"], _rel(k.numpy(), rk), _rel(v.numpy(), rv))
+        ours: list[int] = []
+        theirs: list[int] = []
+        for tokens, logits_of in ((ours, lambda seq: model.prefill(torch.tensor([seq]), kv, len(seq) - 1)[1][0].numpy()),
+                                  (theirs, lambda seq: ref.decoder_logits(t64, weights.dims, np.array([seq]), features)[0, -1])):
+            for step in range(budget):
+                logits = logits_of(prefix + tokens)
+                if i == 0 and step == 0 and tokens is ours:
+                    figures["logits"] = _rel(logits, ref.decoder_logits(t64, weights.dims, np.array([prefix]), features)[0, -1])
+                chosen = int(np.where(first if step == 0 else always, -np.inf, logits).argmax())
+                if chosen == tok.eot:
+                    break
+                tokens.append(chosen)
+        figures["same_tokens"] += ours == theirs
+    return figures
+
+
+def test_turbo_geometry_on_torch_cpu_matches_the_reference(turbo_like):
+    pytest.importorskip("torch", reason="torch (the gpu extra) is not installed here")
+    clips = [load_audio(p) for p in sorted(DATA.glob("librivox/*.wav"))][:4] + [load_audio(DATA / "flite" / "flite_1.wav")]
+    figures = torch_cpu_agreement(turbo_like, clips)
+    assert figures["kv"] < 1e-3 and figures["logits"] < 1e-3 and figures["same_tokens"] >= 4, figures
