@@ -44,22 +44,7 @@ def _template(exported: Path | None = None) -> tuple[list[tuple[str, np.ndarray]
         variables = [(v["name"], np.array(v["value"], v["dtype"]) if "value" in v else
                       np.broadcast_to(np.zeros((), v["dtype"]), v["shape"])) for v in spec["variables"]]
         return variables, [tuple(a) for a in spec["aliases"]]
-    path = ct2_model_dir("base") / "model.bin"
-    data = path.read_bytes()
-    r = _Reader(data, path)
-    r.take("<I"), r.string(), r.take("<I")
-    (count,) = r.take("<I")
-    variables = []
-    for _ in range(count):
-        name = r.string()
-        (rank,) = r.take("<B")
-        shape = r.take(f"<{rank}I") if rank else ()
-        dtype_id, nbytes = r.take("<BI")
-        dtype = _DTYPES[dtype_id]
-        variables.append((name, np.frombuffer(data, dtype, nbytes // np.dtype(dtype).itemsize, r.pos).reshape(shape)))
-        r.pos += nbytes
-    (n_alias,) = r.take("<I")
-    return variables, [(r.string(), r.string()) for _ in range(n_alias)]
+    return read_model_bin(ct2_model_dir("base") / "model.bin")
 
 
 def _string(text: str) -> bytes:
@@ -154,3 +139,43 @@ def _write_sidecars(folder: Path, template: Path | None = None) -> None:
     (folder / "vocabulary.txt").write_text("\n".join(vocabulary) + "\n")
     (folder / "preprocessor_config.json").write_text(json.dumps({"feature_size": 128, "sampling_rate": 16000, "hop_length": 160,
                                                                  "n_fft": 400, "chunk_length": 30}))
+
+
+def read_model_bin(path: Path) -> tuple[list[tuple[str, np.ndarray]], list[tuple[str, str]]]:
+    """A model.bin's variables in file order and its aliases."""
+    data = path.read_bytes()
+    r = _Reader(data, path)
+    r.take("<I"), r.string(), r.take("<I")
+    (count,) = r.take("<I")
+    variables = []
+    for _ in range(count):
+        name = r.string()
+        (rank,) = r.take("<B")
+        shape = r.take(f"<{rank}I") if rank else ()
+        dtype_id, nbytes = r.take("<BI")
+        dtype = _DTYPES[dtype_id]
+        variables.append((name, np.frombuffer(data, dtype, nbytes // np.dtype(dtype).itemsize, r.pos).reshape(shape)))
+        r.pos += nbytes
+    (n_alias,) = r.take("<I")
+    return variables, [(r.string(), r.string()) for _ in range(n_alias)]
+
+
+def quantize_int8(source: Path, target: Path) -> Path:
+    """A copy of a model folder with its linear layers' weights in CTranslate2's int8 form (what
+    `ct2-transformers-converter --quantization int8` writes): per output row a scale
+    127 / max|w| stored as `<name>_scale`, the weight rounded to int8 after multiplying by it."""
+    variables, aliases = read_model_bin(source / "model.bin")
+    out: list[tuple[str, np.ndarray]] = []
+    for name, array in variables:
+        if re.search(r"linear_\d+/weight$", name):
+            w = array.astype(np.float32)
+            scale = (127.0 / np.maximum(np.abs(w).max(axis=1), 1e-8)).astype(np.float32)
+            out += [(name, np.clip(np.round(w * scale[:, None]), -127, 127).astype(np.int8)), (name + "_scale", scale)]
+        else:
+            out.append((name, array))
+    target.mkdir(parents=True, exist_ok=True)
+    for f in source.iterdir():
+        if f.name != "model.bin":
+            (target / f.name).write_bytes(f.read_bytes())
+    write_model_bin(target / "model.bin", out, aliases)
+    return target

@@ -175,10 +175,15 @@ def engine_greedy(engine, mel: np.ndarray, budget: int) -> list[int]:  # noqa: A
     return greedy_decode(engine.backend, state, engine.tokenizer, ["en"], [budget])[0].tokens
 
 
-def test_turbo_geometry_on_onnxruntime_matches_ctranslate2(turbo_like):
+@pytest.mark.parametrize("stored", ["float16", "int8"])
+def test_turbo_geometry_on_onnxruntime_matches_ctranslate2(turbo_like, stored, tmp_path):
+    """Weights stored as float16, and as CTranslate2's int8 (turned back into float32 here, by
+    ctranslate2 itself when it computes in float32): the same results both ways."""
     from engines.loading import load_engine
+    from tests.synthetic_model import quantize_int8
 
-    engine = load_engine(str(turbo_like), threads=2, precision="fp32")
+    folder = turbo_like if stored == "float16" else quantize_int8(turbo_like, tmp_path / "turbo-int8")
+    engine = load_engine(str(folder), threads=2, precision="fp32")
 
     def encode(mel: np.ndarray, layer: int) -> tuple[np.ndarray, np.ndarray]:
         state = engine.backend.encode(mel)
@@ -188,7 +193,7 @@ def test_turbo_geometry_on_onnxruntime_matches_ctranslate2(turbo_like):
         logits, _ = engine.backend.step(np.array([prefix]), engine.backend.encode(mel))
         return logits[0]
 
-    _turbo_checks(engine, turbo_like, encode, logits_of)
+    _turbo_checks(engine, folder, encode, logits_of)
 
 
 
