@@ -54,7 +54,8 @@ def test_partials_count_up_and_the_speculation_is_the_final(librivox):
     partials = [h for h in hints if h.kind == "partial"]
     speculative = [h for h in hints if h.kind == "speculative"]
     assert len(partials) >= 4, len(partials)
-    assert [p.revision for p in partials] == list(range(1, len(partials) + 1))
+    revisions = [h.revision for h in hints]  # a speculation counts as one too: its text may be the newest caption
+    assert revisions == sorted(revisions) and len(set(revisions)) == len(revisions) and revisions[0] == 1
     assert {h.key for h in hints} == {final.key}
     sizes = [p.audio.size for p in partials]
     assert sizes == sorted(sizes) and sizes[-1] < final.audio.size

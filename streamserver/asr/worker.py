@@ -15,7 +15,8 @@ failed is retried, never dropped.
 Hints (live captions and speculative finals) fill the engine's spare time and never delay a
 final by more than one small batch: they are taken only when no final waits, in batches of about
 HINT_BUDGET_S of engine time. A speculative result is kept for its final, which then needs no
-recognition (the sink, or this loop, publishes it); a partial's text goes to the room at once.
+recognition (the sink, or this loop, publishes it), and shown as the newest caption while
+captions are on; a partial's text goes to the room at once.
 `partials`: "on", "off" (speculative hints only) or "auto" (partials while the finals and
 speculations kept the engine busy less than HEADROOM of the last BUSY_WINDOW_S and no final
 waited in the queue more than FINAL_WAIT_S in it; no hints at all past HEADROOM, on "off" too:
@@ -51,6 +52,10 @@ HEADROOM = 0.7
 # the hints' work also takes the cores from the gateway and the other workers) stops the partials
 # for BUSY_WINDOW_S
 FINAL_WAIT_S = 0.5
+# auto: captions only while the engine was busy, captions included, less than this share of the
+# window: a final that ends while a caption is being recognised waits for it, so the engine keeps
+# half its time free for finals
+CAPTIONS_SHARE = 0.5
 PARTIAL_MODES = ("auto", "on", "off")
 
 
@@ -87,7 +92,7 @@ class AsrWorker:
         self.ready = False  # engine loaded and queue reachable: /readyz
         self.transcribed = 0
         self._task: asyncio.Task | None = None
-        self._busy: deque[tuple[float, float]] = deque()  # (start, end) of recent final/speculative work
+        self._busy: deque[tuple[float, float, bool]] = deque()  # (start, end, essential) of recent engine work
         self._waited = -1e9  # monotonic time a final last waited more than FINAL_WAIT_S in the queue
         self._hints_waiting = False  # the last look found hints: look again without waiting
 
@@ -186,14 +191,17 @@ class AsrWorker:
         self.metrics.engine_busy.set(round(busy, 3))
         if busy >= HEADROOM:
             return None
-        return self.partials == "auto" and time.monotonic() - self._waited > BUSY_WINDOW_S
+        return (self.partials == "auto" and time.monotonic() - self._waited > BUSY_WINDOW_S
+                and self.busy_ratio(with_partials=True) < CAPTIONS_SHARE)
 
-    def busy_ratio(self) -> float:
-        """Share of the last BUSY_WINDOW_S the engine spent on finals and speculations."""
+    def busy_ratio(self, with_partials: bool = False) -> float:
+        """Share of the last BUSY_WINDOW_S the engine spent on finals and speculations (and
+        partials, `with_partials`)."""
         horizon = time.monotonic() - BUSY_WINDOW_S
         while self._busy and self._busy[0][1] < horizon:
             self._busy.popleft()
-        return sum(end - max(start, horizon) for start, end in self._busy) / BUSY_WINDOW_S
+        return sum(end - max(start, horizon) for start, end, essential in self._busy
+                   if essential or with_partials) / BUSY_WINDOW_S
 
     def hint_batch_size(self) -> int:
         if self._rate <= 0:
@@ -218,9 +226,8 @@ class AsrWorker:
     def _worked(self, started: float, n: int, essential: bool = True) -> None:
         seconds = time.perf_counter() - started
         self._rate = 0.8 * self._rate + 0.2 * (n / max(seconds, 1e-3))
-        if essential:
-            end = time.monotonic()
-            self._busy.append((end - seconds, end))
+        end = time.monotonic()
+        self._busy.append((end - seconds, end, essential))
 
     async def _from_speculations(self, batch: list[Entry]) -> list[Entry]:
         """Finals whose speculative result is ready are published from it; the rest, to recognise."""
@@ -259,6 +266,9 @@ class AsrWorker:
                     continue
                 try:
                     await self.queue.keep_speculation(u.utterance_id, Speculation(u.digest, event.to_json()))
+                    # the utterance as it stands at its pause: the newest caption, unless its final came first
+                    if event.text and self.partials != "off":  # no extra work: it was recognised anyway
+                        await self.queue.publish_partial(TranscriptPartialEvent.of(u, event.text, event.language))
                 except UNREACHABLE:
                     continue
                 self.metrics.speculations.labels(outcome="recognised").inc()

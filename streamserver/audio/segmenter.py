@@ -187,7 +187,9 @@ class UtteranceSegmenter:
             self._revision += 1
             self._hint(len(self._frames), "partial")
         elif self._speculate and self._silence == self._post_roll and self._last_voiced >= 0:
-            # exactly what _end() will keep if no voice comes back: frames up to here
+            # exactly what _end() will keep if no voice comes back: frames up to here. It counts as
+            # a revision: its text is shown as the newest caption when it is ready first.
+            self._revision += 1
             self._hint(len(self._frames), "speculative")
 
     def _start(self) -> None:
