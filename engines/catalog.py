@@ -36,7 +36,7 @@ def _describe(name: str, source: str, folder: Path) -> ModelInfo:
         tensors = read_ct2(folder / "model.bin")
         config = json.loads((folder / "config.json").read_text())
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    except (OSError, ValueError, WeightsError, Exception) as error:  # noqa: BLE001 - any unreadable folder is listed as such
+    except Exception as error:  # noqa: BLE001 - any unreadable folder is listed as such
         return ModelInfo(name, source, round(size, 1), None, None, None, None, None, [], f"{type(error).__name__}: {error}")
     conv1 = tensors["encoder/conv1/weight"]
     vocabulary = tensors["decoder/embeddings/weight"].shape[0]

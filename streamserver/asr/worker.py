@@ -239,10 +239,7 @@ class AsrWorker:
         rest = []
         for entry_id, u in batch:
             speculation = kept.get(u.utterance_id)
-            try:
-                event = speculation.event_for(u) if speculation and speculation.serves(u) else None
-            except (ValueError, KeyError, TypeError):
-                event = None
+            event = speculation.final_for(u) if speculation else None
             if event is None:
                 rest.append((entry_id, u))
                 continue

@@ -45,12 +45,15 @@ class Speculation:
     digest: str
     event_json: str  # the TranscriptEvent (or NoSpeechEvent) it would publish
 
-    def serves(self, u: Utterance) -> bool:
-        return bool(u.digest) and u.digest == self.digest and not u.cut
-
-    def event_for(self, u: Utterance) -> TranscriptEvent:
-        """The final's event: the speculation's result, published now."""
-        event = TranscriptEvent.from_json(self.event_json)
+    def final_for(self, u: Utterance) -> TranscriptEvent | None:
+        """The final's event, published now, if this result is of its very audio (and reads);
+        None otherwise: the final is recognised as always."""
+        if not u.digest or u.digest != self.digest or u.cut:
+            return None
+        try:
+            event = TranscriptEvent.from_json(self.event_json)
+        except (ValueError, TypeError, KeyError):
+            return None
         event.published_ts, event.end_of_speech_ts = now(), u.end_of_speech_ts
         return event
 

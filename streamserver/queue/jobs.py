@@ -16,8 +16,16 @@ class JobError(ValueError):
     """A stream entry that is not a job this version can read."""
 
 
+def _pcm16(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+
+
+def _float_audio(pcm: bytes) -> np.ndarray:
+    return np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
+
+
 def encode_job(u: Utterance) -> dict[str, bytes | str]:
-    pcm = (np.clip(u.audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    pcm = _pcm16(u.audio)
     fields: dict[str, bytes | str] = {name: getattr(u, name) for name in _TEXT_FIELDS}
     fields.update(start_ts=repr(u.start_ts), end_of_speech_ts=repr(u.end_of_speech_ts), cut="1" if u.cut else "0", audio=pcm)
     if u.digest:
@@ -28,7 +36,7 @@ def encode_job(u: Utterance) -> dict[str, bytes | str]:
 def decode_job(fields: dict[bytes, bytes]) -> Utterance:
     try:
         text = {name: fields[name.encode()].decode() for name in _TEXT_FIELDS}
-        audio = np.frombuffer(fields[b"audio"], "<i2").astype(np.float32) / 32768.0
+        audio = _float_audio(fields[b"audio"])
         return Utterance(
             audio=audio,
             start_ts=float(fields[b"start_ts"]),
@@ -45,15 +53,13 @@ def pack_hint(u: Utterance) -> bytes:
     """A hint (a partial or speculative Utterance) as one value: a JSON header, NUL, PCM16."""
     head = {name: getattr(u, name) for name in _TEXT_FIELDS}
     head.update(start_ts=u.start_ts, end_of_speech_ts=u.end_of_speech_ts, kind=u.kind, revision=u.revision, digest=u.digest)
-    pcm = (np.clip(u.audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
-    return json.dumps(head).encode() + b"\0" + pcm
+    return json.dumps(head).encode() + b"\0" + _pcm16(u.audio)
 
 
 def unpack_hint(value: bytes) -> Utterance:
     try:
         head, _, pcm = value.partition(b"\0")
         fields = json.loads(head)
-        audio = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
-        return Utterance(audio=audio, **fields)
+        return Utterance(audio=_float_audio(pcm), **fields)
     except (ValueError, TypeError) as error:
         raise JobError(f"not a hint: {error!r}") from error

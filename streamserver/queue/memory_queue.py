@@ -94,12 +94,17 @@ class MemoryQueue:
         return await self.publisher.publish(event)
 
     async def claim(self, event: TranscriptEvent) -> bool:
+        return await self._publish_once(event)
+
+    async def _publish_once(self, event: TranscriptEvent) -> bool:
+        """Publish the utterance's result unless one was already; False when it was. A bus that
+        does not take it raises: the caller retries, as it does when Redis is away."""
+        self._speculations.pop(event.utterance_id, None)
         if event.utterance_id in self._done:
             return False
         if not await self.publisher.publish(event):
             raise ConnectionError(f"the bus did not take the result of utterance {event.utterance_id}")
         self._remember_done(event.utterance_id)
-        self._speculations.pop(event.utterance_id, None)
         return True
 
     async def depth(self) -> int:
@@ -144,13 +149,7 @@ class MemoryQueue:
         self._beat = (time.monotonic(), float(stats.get("utt_per_s", 0.0)), str(stats.get("hints", "none")))
 
     async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
-        fresh = u.utterance_id not in self._done
-        if fresh:
-            if not await self.publisher.publish(event):
-                # Kept pending: the worker retries the completion, as it does when Redis is away.
-                raise ConnectionError(f"the bus did not take the result of utterance {u.utterance_id}")
-            self._remember_done(u.utterance_id)
-        self._speculations.pop(u.utterance_id, None)
+        fresh = await self._publish_once(event)  # raising: kept pending, the worker retries the completion
         if self._pending.pop(entry_id, None) is not None:
             _decrement(self._per_room, u.room_id)
             _decrement(self._per_student, (u.room_id, u.student_id))

@@ -106,10 +106,10 @@ class UtteranceSink:
         the final then waits for no recognition at all."""
         try:
             speculation = await self.queue.speculation(u.utterance_id) if u.digest else None
-            if speculation is None or not speculation.serves(u):
+            event = speculation.final_for(u) if speculation else None
+            if event is None:
                 return False
             await self.publisher.publish(UtteranceQueued.of(u))
-            event = speculation.event_for(u)
             if await self.queue.claim(event):
                 self.metrics.utterances.labels(outcome=event.type).inc()
                 self.metrics.eos_to_published.observe(max(0.0, event.published_ts - u.end_of_speech_ts))
