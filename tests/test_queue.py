@@ -16,7 +16,8 @@ from streamserver.asr.worker import AsrWorker, cancel_for_sure
 from streamserver.bus.keys import history_key
 from streamserver.events import TranscriptEvent, Utterance, now
 from streamserver.queue.jobs import decode_job, encode_job
-from streamserver.queue.redis_queue import RedisQueue
+from streamserver.bus.keys import alive_key
+from streamserver.queue.redis_queue import CLAIM_MIN_IDLE_MS, RedisQueue
 from tests.redis_server import RedisServer
 
 
@@ -106,6 +107,31 @@ def test_jobs_of_a_dead_worker_are_claimed_and_published_once(fresh, tiny_engine
         events = [e for e in history(fresh, "r1") if e["type"] == "transcript"]
         assert sorted(e["utterance_id"] for e in events) == sorted(u.utterance_id for u in sent)
         assert all(e["text"] for e in events)
+
+    run(body())
+
+
+def test_a_worker_whose_connections_closed_is_dead_before_its_heartbeat_expires(fresh):
+    """A SIGKILLed worker's sockets are closed by the kernel: its named connections leave Redis's
+    client list at once, so its jobs are claimed within a claim round, not after ALIVE_TTL_S."""
+
+    async def body() -> None:
+        producer = RedisQueue(fresh)
+        dying = RedisQueue(fresh, "dying worker")  # a space: CLIENT SETNAME needs it replaced
+        await dying.ensure_group()
+        await dying.heartbeat({"utt_per_s": 1.0})
+        await producer.submit(utterance(np.zeros(1600, np.float32)))
+        assert len(await dying.read(10, 100)) == 1
+        live = RedisQueue(fresh, "live-worker")
+        await live.heartbeat({"utt_per_s": 1.0})
+        assert await live.claim_orphans() == []  # alive and connected: its job stays its own
+        await dying.close()  # what the kernel does to a killed process's sockets
+        await asyncio.sleep(CLAIM_MIN_IDLE_MS / 1000 + 0.05)
+        claimed = await live.claim_orphans()
+        assert await producer.redis.exists(alive_key("dying worker"))  # the heartbeat has not expired
+        assert len(claimed) == 1
+        for q in (producer, live):
+            await q.close()
 
     run(body())
 

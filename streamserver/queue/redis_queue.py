@@ -21,11 +21,13 @@ from redis.exceptions import ResponseError
 from streamserver.bus.connect import redis_client
 from streamserver.bus.keys import (
     BACKLOG, HINT_ORDER, HINTS, HISTORY_FIELD, JOB_GROUP, JOBS, SPECULATIVE_FIRST, TRANSCRIPT_RETENTION_S, WORKERS, alive_key,
-    attempts_key, backlog_fields, done_key, history_key, is_final_transcript, room_channel, speculation_key, transcript_key,
+    attempts_key, backlog_fields, done_key, history_key, is_final_transcript, room_channel, speculation_key, spoken_key,
+    transcript_key,
 )
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
 from streamserver.queue.base import (
-    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Entry, QueueFull, Speculation, wanted_hints,
+    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, SPOKEN_KEPT_S, SPOKEN_OVERLAP, Bounds, Entry, QueueFull,
+    Speculation, span_args, wanted_hints,
 )
 from streamserver.queue.jobs import JobError, decode_job, encode_job, pack_hint, unpack_hint
 
@@ -33,10 +35,13 @@ log = logging.getLogger(__name__)
 
 # A worker silent this long is dead and its jobs go to another: 4 missed heartbeats. Short,
 # because its utterances wait that long; a stalled but live worker only loses duplicate work
-# (publication stays once per utterance).
+# (publication stays once per utterance). A worker whose process died is found sooner: the
+# kernel closes its sockets, so its named connections leave Redis's client list at once.
 ALIVE_TTL_S = 1.0
 DONE_TTL_S = 24 * 3600
-CLAIM_MIN_IDLE_MS = 500  # two workers claiming at once: the second finds the jobs just claimed
+# Two workers claiming at once: the second finds the jobs just claimed (idle since then < this).
+CLAIM_MIN_IDLE_MS = 150
+WORKER_CLIENT_PREFIX = "asr-worker:"  # the CLIENT SETNAME of every connection of a worker
 FORGET_IDLE_MS = 10 * 60 * 1000  # a consumer with nothing pending, silent this long, is removed
 
 # Queue a job unless its student, its room or the whole queue is at its bound (the backlog
@@ -99,29 +104,53 @@ return 1
 
 # Publish an utterance's result once: the done key decides (SET NX); the first result is
 # published, appended to the room's history, and a final also to the class transcript. Shared by
-# the worker's completion and the fallback's claim, so both go through one guard.
+# the worker's completion and the fallback's claim, so both go through one guard. A result placed
+# on its student's clock (span start, end; '' for none) is remembered there, and one that a
+# published one covers is a copy (the page sent the audio again after a break: queue/base.py).
 # publish_once(done, history, transcript, channel, event, history length, done TTL, history
-# field, is a final ('1'/'0'), retention) -> whether this result was the first.
+# field, is a final ('1'/'0'), retention, spoken, span start, span end, recovered ('1'/'0'))
+# -> whether this result was the first.
 _PUBLISH_ONCE = """
-local function publish_once(done, history, transcript, channel, event, history_len, ttl, field, final, retention)
-  if not redis.call('SET', done, '1', 'NX', 'EX', ttl) then return false end
+local function covered(spoken, s, e)
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', spoken, s, '+inf')) do
+    local ps, pe = string.match(m, '^([^,]+),([^,]+),')
+    ps, pe = tonumber(ps), tonumber(pe)
+    if math.min(e, pe) - math.max(s, ps) >= OVERLAP * math.min(e - s, pe - ps) then return true end
+  end
+  return false
+end
+local function publish_once(done, history, transcript, channel, event, history_len, ttl, field, final, retention,
+                            spoken, span_start, span_end, recovered)
+  if redis.call('EXISTS', done) == 1 then return false end
+  local s, e = tonumber(span_start), tonumber(span_end)
+  if s and covered(spoken, s, e) then
+    redis.call('SET', done, '2', 'EX', ttl)  -- 2: a copy of a published utterance
+    return false
+  end
+  redis.call('SET', done, '1', 'EX', ttl)
   redis.call('PUBLISH', channel, event)
   redis.call('XADD', history, 'MAXLEN', '~', history_len, '*', field, event)
   if final == '1' then
     redis.call('RPUSH', transcript, event)
     redis.call('EXPIRE', transcript, retention)
   end
+  if s then
+    redis.call('ZADD', spoken, e, span_start .. ',' .. span_end .. ',' .. string.sub(done, -32))
+    redis.call('ZREMRANGEBYSCORE', spoken, '-inf', e - SPOKEN_KEPT)
+    redis.call('EXPIRE', spoken, SPOKEN_KEPT)
+  end
   return true
 end
-"""
+""".replace("OVERLAP", repr(SPOKEN_OVERLAP)).replace("SPOKEN_KEPT", str(SPOKEN_KEPT_S))
 
 # The worker's completion: publish once, acknowledge and delete the job, and count it out of the
 # backlog (once: only the delivery that deletes it): atomically, so that no crash can publish
-# twice or acknowledge without publishing. KEYS: done, history, jobs, backlog, class transcript;
-# ARGV: channel, event, history length, group, entry id, done TTL, history field, the two
-# backlog fields, is a final, retention.
+# twice or acknowledge without publishing. KEYS: done, history, jobs, backlog, class transcript,
+# spoken; ARGV: channel, event, history length, group, entry id, done TTL, history field, the two
+# backlog fields, is a final, retention, span start, span end, recovered.
 _COMPLETE = _PUBLISH_ONCE + """
-local fresh = publish_once(KEYS[1], KEYS[2], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[6], ARGV[7], ARGV[10], ARGV[11])
+local fresh = publish_once(KEYS[1], KEYS[2], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[6], ARGV[7], ARGV[10], ARGV[11],
+                           KEYS[6], ARGV[12], ARGV[13], ARGV[14])
 redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
 if redis.call('XDEL', KEYS[3], ARGV[5]) == 1 then
   for i = 8, 9 do
@@ -133,14 +162,21 @@ if fresh then return 1 else return 0 end
 
 # A result made outside the workers (an on-prem gateway's local fallback): published only if no
 # worker published this utterance first; its job, if queued, is then acknowledged by whichever
-# worker reads it (the done key). KEYS: done, history, class transcript; ARGV: channel, event,
-# history length, done TTL, history field, is a final (1/0), retention.
+# worker reads it (the done key). KEYS: done, history, class transcript, spoken; ARGV: channel,
+# event, history length, done TTL, history field, is a final (1/0), retention, span start, span
+# end, recovered.
 _CLAIM = _PUBLISH_ONCE + """
-if publish_once(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]) then
+if publish_once(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7],
+                KEYS[4], ARGV[8], ARGV[9], ARGV[10]) then
   return 1
 end
 return 0
 """
+
+
+def worker_client_name(worker: str) -> str:
+    """CLIENT SETNAME takes printable ASCII without spaces; worker names are host-pid-random."""
+    return WORKER_CLIENT_PREFIX + "".join(c if "!" <= c <= "~" else "_" for c in worker)
 
 
 class RedisQueue:
@@ -163,6 +199,7 @@ class RedisQueue:
             # for hours (reads block at most 200 ms by design).
             url, ca_file, decode_responses=False, socket_connect_timeout=5, socket_timeout=5, socket_keepalive=True,
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=3),
+            client_name=worker_client_name(worker) if worker else None,
         )
         self._complete = self.redis.register_script(_COMPLETE)
         self._submit = self.redis.register_script(_SUBMIT)
@@ -171,6 +208,7 @@ class RedisQueue:
         self._take_hints = self.redis.register_script(_TAKE_HINTS)
         self._partial = self.redis.register_script(_PARTIAL)
         self._group_ready = False
+        self._client_list_allowed = True
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -229,13 +267,27 @@ class RedisQueue:
         """A worker (or a claim) has published this utterance."""
         return bool(await self.redis.exists(done_key(utterance_id)))
 
+    async def done_of(self, utterance_ids: list[str]) -> set[str]:
+        """Those of the utterances that are published (or found to be copies of published ones)."""
+        if not utterance_ids:
+            return set()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for uid in utterance_ids:
+                pipe.exists(done_key(uid))
+            found = await pipe.execute()
+        return {uid for uid, hit in zip(utterance_ids, found) if hit}
+
+    def remember_spoken(self, room_id: str, student_id: str, spans: list[tuple[float, float]]) -> None:
+        """Nothing to do: Redis keeps the spoken record (spoken_key) through restarts of anyone."""
+
     async def claim(self, event: TranscriptEvent) -> bool:
         """Publish a result made outside the workers unless the utterance was published already
         (True: this one is the room's)."""
-        keys = [done_key(event.utterance_id), history_key(event.room_id), transcript_key(event.room_id)]
+        keys = [done_key(event.utterance_id), history_key(event.room_id), transcript_key(event.room_id),
+                spoken_key(event.room_id, event.student_id)]
         event_json = event.to_json()
         args = [room_channel(event.room_id), event_json, self.history_len, int(DONE_TTL_S), HISTORY_FIELD,
-                int(is_final_transcript(event_json)), self.transcript_retention_s]
+                int(is_final_transcript(event_json)), self.transcript_retention_s, *span_args(event)]
         return bool(await self._claim(keys=keys, args=args))
 
     # ---- worker side ----
@@ -295,12 +347,31 @@ class RedisQueue:
             pipe.hset(WORKERS, self.worker, json.dumps({**stats, "ts": time.time()}))
             await pipe.execute()
 
+    async def _connected_workers(self) -> set[str] | None:
+        """The client names of the connections open to Redis now, or None where CLIENT LIST is not
+        allowed (a managed Redis, an ACL user without it): then only heartbeats tell."""
+        if not self._client_list_allowed:
+            return None
+        try:
+            clients = await self.redis.client_list(_type="normal")
+        except ResponseError as error:
+            log.info("CLIENT LIST refused (%s): dead workers are found by their heartbeat only", error)
+            self._client_list_allowed = False
+            return None
+        return {c.get("name", "") for c in clients}
+
     async def claim_orphans(self, count: int = 256) -> list[Entry]:
         assert self.worker
         claimed: list[tuple[bytes, dict]] = []
-        for consumer in await self.redis.xinfo_consumers(JOBS, JOB_GROUP):
+        consumers = await self.redis.xinfo_consumers(JOBS, JOB_GROUP)
+        connected = await self._connected_workers() if any(int(c["pending"]) for c in consumers) else None
+        for consumer in consumers:
             name = consumer["name"].decode() if isinstance(consumer["name"], bytes) else consumer["name"]
-            if name == self.worker or await self.redis.exists(alive_key(name)):
+            if name == self.worker:
+                continue
+            # Dead: its heartbeat expired, or its process is gone (no connection left).
+            gone = connected is not None and worker_client_name(name) not in connected
+            if not gone and await self.redis.exists(alive_key(name)):
                 continue
             if int(consumer["pending"]) == 0:
                 # Forget a consumer only once it has been idle a long while: one that is just
@@ -315,16 +386,19 @@ class RedisQueue:
             if ids:
                 got = await self.redis.xclaim(JOBS, JOB_GROUP, self.worker, CLAIM_MIN_IDLE_MS, ids)
                 claimed += [(eid, fields) for eid, fields in got if fields]
-                log.warning("claimed %d jobs of worker %s (no heartbeat)", len(got), name)
+                log.warning("claimed %d jobs of worker %s (%s)", len(got), name,
+                            "its connections closed" if gone else "no heartbeat")
         _next, stale, *_ = await self.redis.xautoclaim(JOBS, JOB_GROUP, self.worker, self.visibility_ms, "0-0", count=count)
         claimed += [(eid, fields) for eid, fields in stale if fields]
         return await self._decode(claimed)
 
     async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
-        keys = [done_key(u.utterance_id), history_key(u.room_id), JOBS, BACKLOG, transcript_key(u.room_id)]
+        keys = [done_key(u.utterance_id), history_key(u.room_id), JOBS, BACKLOG, transcript_key(u.room_id),
+                spoken_key(u.room_id, u.student_id)]
         event_json = event.to_json()
         args = [room_channel(u.room_id), event_json, self.history_len, JOB_GROUP, entry_id, int(DONE_TTL_S), HISTORY_FIELD,
-                *backlog_fields(u.room_id, u.student_id), int(is_final_transcript(event_json)), self.transcript_retention_s]
+                *backlog_fields(u.room_id, u.student_id), int(is_final_transcript(event_json)), self.transcript_retention_s,
+                *span_args(event)]
         return bool(await self._complete(keys=keys, args=args))
 
     async def attempt(self, entry_id: str) -> int:
