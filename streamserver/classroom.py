@@ -22,7 +22,7 @@ from streamserver.bus import Bus
 from streamserver.bus.local import LocalFeeds
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.config import Settings
-from streamserver.events import RoomClosedEvent, StudentEvent
+from streamserver.events import RoomClosedEvent, StudentEvent, now
 from streamserver.loop_lag import LoopLag
 from streamserver.metrics import Metrics
 from streamserver.queue.sink import Busy, UtteranceSink
@@ -30,13 +30,15 @@ from streamserver.rooms.admission import Admission, AddressLimits
 from streamserver.rooms.directory import RoomDirectory
 from streamserver.rooms.registry import Room, RoomRegistry
 from streamserver.rooms.seats import SeatKeeper
-from streamserver.transport import webrtc
+from streamserver.transport import recovery, webrtc
 from streamserver.transport.candidates import CandidatePolicy
 from streamserver.transport.ws_ingest import CLOSE_REPLACED, CLOSE_ROOM_CLOSED
 
 log = logging.getLogger(__name__)
 ROOM_WATCH_S = 2.0  # how soon a room closed through another process ends here
 KEEP_EVERY_ROUNDS = 15  # a room in use renews its record every 30 s
+PARKED_S = 30.0  # a page that keeps its audio has this long to come back before its last speech is flushed
+RECALL_EVENTS = 500  # of the room's history, read for what a catching-up student had published
 
 
 class Background(Protocol):
@@ -52,11 +54,16 @@ class Background(Protocol):
 End = Callable[[str, int], Awaitable[None]]
 
 
+# A message to a client that keeps its audio (an ack): its recovery data channel or its WebSocket.
+Tell = Callable[[dict], Awaitable[None]]
+
+
 @dataclass
 class Connection:
     end: End
     audio: StudentAudio
     address: str
+    tell: Tell | None = None
 
 
 class Classroom:
@@ -85,6 +92,9 @@ class Classroom:
         self.metrics = metrics
         metrics.streams_per_room = self._streams_per_room
         self._tasks: list[asyncio.Task] = []
+        # Streams of pages that keep their audio, ended without a goodbye (a network break): their
+        # speech in progress waits for the page to come back and send it again.
+        self._parked: dict[tuple[str, str], StudentAudio] = {}
 
     async def start(self) -> None:
         for part in self.background:
@@ -93,7 +103,7 @@ class Classroom:
         self.seats.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._watch_depth()), loop.create_task(self._watch_rooms()),
-                       loop.create_task(self.loop_lag.run())]
+                       loop.create_task(self.loop_lag.run()), loop.create_task(self._acks())]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -121,6 +131,25 @@ class Classroom:
             except Exception:  # noqa: BLE001 - the queue is away: the gauge keeps its last value
                 pass
             await asyncio.sleep(1.0)
+
+    async def _acks(self) -> None:
+        """Tell every client that keeps its audio how far it is safe (transport/recovery.py)."""
+        while True:
+            await asyncio.sleep(recovery.ACK_EVERY_S)
+            kept = [c for c in self.connections.values() if c.tell is not None and c.audio.kept]
+            try:
+                done = await self.sink.settled([uid for c in kept for uid in c.audio.unsettled()])
+            except Exception as error:  # noqa: BLE001 - the queue is away: acks stand still, pages keep their audio
+                log.debug("acks not advanced: %s", error)
+                done = set()
+            ts = now()
+            for c in kept:
+                c.audio.settle(done)
+                ack = c.audio.ack()
+                try:
+                    await c.tell({"type": "ack", "t": None if ack is None else round(ack, 4), "ts": ts})
+                except Exception as error:  # noqa: BLE001 - a client gone this instant: its stream ends anyway
+                    log.debug("ack to %s not sent: %s", c.audio.student_id, error)
 
     async def _watch_rooms(self) -> None:
         """Rooms in use here keep their record alive and end here when another process closed
@@ -181,14 +210,34 @@ class Classroom:
             raise Busy(reason)
 
     async def connect_student(self, room: Room, student_id: str, name: str, offer_sdp: str, address: str,
-                              limits: AddressLimits = AddressLimits()) -> str:
-        """Answer a student's offer; a reconnect replaces the old peer and keeps the identity."""
-        audio, new = await self._seat(room, student_id, name, address, limits)
+                              limits: AddressLimits = AddressLimits(), keeps: dict | None = None) -> str:
+        """Answer a student's offer; a reconnect replaces the old peer and keeps the identity.
+        `keeps`: the page keeps its audio ({"catch_up": bool}: it will send what was not
+        acknowledged; transport/recovery.py)."""
+        catch_up = bool(keeps and keeps.get("catch_up"))
+        audio, new = await self._seat(room, student_id, name, address, limits, catch_up)
         key = (room.room_id, student_id)
+        if keeps is not None:
+            audio.keep(catch_up)
+            if catch_up:
+                await self._recall_spoken(room, student_id)
+
+        def on_channel(channel) -> None:  # noqa: ANN001 - aiortc's RTCDataChannel
+            connection = self.connections.get(key)
+            if channel.label != recovery.LABEL or not audio.kept or connection is None or connection.audio is not audio:
+                channel.close()
+                return
+            send = recovery.attach(channel, audio, self._catch_up_pacer)
+
+            async def tell(message: dict) -> None:
+                send(message)
+
+            connection.tell = tell
+
         try:
             pc, answer_sdp = await webrtc.answer(
                 offer_sdp, self.settings.ice_servers, audio.push_pcm16, lambda: self._ended(room, student_id, audio),
-                self.candidates,
+                self.candidates, on_channel,
             )
         except BaseException:
             if new:  # never announced: the seat goes back at once
@@ -202,13 +251,18 @@ class Classroom:
         return answer_sdp
 
     async def open_stream(self, room: Room, student_id: str, name: str, address: str, end: End,
-                          limits: AddressLimits = AddressLimits()) -> StudentAudio:
+                          limits: AddressLimits = AddressLimits(), tell: Tell | None = None,
+                          catch_up: bool = False) -> StudentAudio:
         """A student's audio over a transport the caller owns (WebSocket ingest): the same pipeline,
-        roster and events as connect_student; `end` closes that transport. The caller pushes
-        16 kHz PCM into the returned StudentAudio and calls close_stream at the end. Raises
-        RoomFull, Busy, TooManyFromAddress or BusError."""
-        audio, new = await self._seat(room, student_id, name, address, limits)
-        self.connections[(room.room_id, student_id)] = Connection(end, audio, address)
+        roster and events as connect_student; `end` closes that transport, `tell` sends its
+        client a message (acks, once the client says it keeps its audio: StudentAudio.keep;
+        `catch_up`: it starts with audio sent again). The caller pushes 16 kHz PCM into the
+        returned StudentAudio and calls close_stream at the end. Raises RoomFull, Busy,
+        TooManyFromAddress or BusError."""
+        audio, new = await self._seat(room, student_id, name, address, limits, catch_up)
+        if catch_up:
+            await self._recall_spoken(room, student_id)
+        self.connections[(room.room_id, student_id)] = Connection(end, audio, address, tell)
         if new:
             await self._student_event(room, student_id, "student_joined")
         return audio
@@ -228,10 +282,52 @@ class Classroom:
             self._ended(room, student_id, audio)
 
     def _ended(self, room: Room, student_id: str, audio: StudentAudio) -> None:
-        audio.close()
+        if audio.closed:
+            pass
+        elif audio.kept and not audio.said_bye:
+            self._park(room, student_id, audio)
+        else:
+            audio.close()
         if self.is_current(room, student_id, audio):  # not a peer already replaced by a reconnect
             del self.connections[(room.room_id, student_id)]
             asyncio.get_running_loop().create_task(self._left(room, student_id))
+
+    def _park(self, room: Room, student_id: str, audio: StudentAudio) -> None:
+        """A page that keeps its audio broke off: its speech in progress is dropped if it comes
+        back and sends it again (_seat), and flushed after the grace period if it does not."""
+        key = (room.room_id, student_id)
+        old = self._parked.pop(key, None)
+        if old is not None:
+            old.close()
+        self._parked[key] = audio
+
+        def give_up() -> None:
+            if self._parked.get(key) is audio:
+                del self._parked[key]
+                audio.close()
+
+        asyncio.get_running_loop().call_later(max(PARKED_S, self.settings.leave_grace_s), give_up)
+
+    async def _recall_spoken(self, room: Room, student_id: str) -> None:
+        """A page sends audio again: the queue learns what of it is published already (a `serve`
+        that restarted remembers nothing; the room's history does)."""
+        try:
+            history = await self.bus.history(room.room_id, RECALL_EVENTS)
+        except Exception as error:  # noqa: BLE001 - the bus is away: the queue's own record decides
+            log.warning("history of room %s not read for a catch-up: %s", room.room_id, error)
+            return
+        spans = []
+        for raw in history:
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if event.get("student_id") == student_id and event.get("stream_start") is not None:
+                spans.append((float(event["stream_start"]), float(event["stream_end"])))
+        self.sink.queue.remember_spoken(room.room_id, student_id, spans)
+
+    def _catch_up_pacer(self) -> Pacer:
+        return Pacer(self.settings.max_audio_rate, on_refused=self.metrics.paced_refusals.inc)
 
     async def _left(self, room: Room, student_id: str) -> None:
         # Grace period: a browser that reconnects within it keeps its seat without a left/joined pair.
@@ -252,7 +348,7 @@ class Classroom:
         await self.publisher.publish(StudentEvent(room.room_id, student_id, student.name, kind))
 
     async def _seat(self, room: Room, student_id: str, name: str, address: str,
-                    limits: AddressLimits) -> tuple[StudentAudio, bool]:
+                    limits: AddressLimits, catch_up: bool = False) -> tuple[StudentAudio, bool]:
         """Seat a student, whatever the transport: a reconnect replaces its old peer or stream and
         keeps the identity (and its seat, even in a full room). The student's new audio pipeline,
         and whether it is new to the room. RoomFull, Busy, TooManyFromAddress or BusError when
@@ -267,8 +363,10 @@ class Classroom:
         try:
             _, new = self.rooms.join(room, student_id, name)
             old = self.connections.pop(key, None)
+            for gone in (old.audio if old else None, self._parked.pop(key, None)):
+                if gone is not None:
+                    gone.close(flush=not catch_up)  # catching up: the page sends its speech again
             if old:
-                old.audio.close()
                 await old.end("replaced by a newer connection of this student", CLOSE_REPLACED)
             return self.student_audio(room, student_id, name), new
         except BaseException:

@@ -43,6 +43,10 @@ class Utterance:
     kind: str = "final"
     revision: int = 0
     digest: str = ""  # of the audio (audio_digest): a speculative result serves the final it matches
+    # Where the audio lies on the student's own clock (seconds since its page started recording),
+    # when its client keeps its audio to send again after a break (audio/timeline.py) ...
+    stream_span: tuple[float, float] | None = None
+    recovered: bool = False  # ... and it was sent again: spoken before a break, recognised after
 
     @property
     def is_hint(self) -> bool:
@@ -140,6 +144,11 @@ class TranscriptEvent(_Words):
     type: str = "transcript"
     intent: dict[str, Any] | None = None
     fallback: bool = False  # recognised by an on-prem gateway's fallback model, not a central worker
+    # The utterance's place on the student's clock (Utterance.stream_span): a recovered utterance
+    # that a transcript before the break already covers is not published again.
+    stream_start: float | None = None
+    stream_end: float | None = None
+    recovered: bool = False  # spoken before a break (network, server), sent again by the student's page
 
     @classmethod
     def from_json(cls, data: str) -> TranscriptEvent:
@@ -154,7 +163,14 @@ class TranscriptEvent(_Words):
     @classmethod
     def of(cls, u: Utterance, text: str, language: str, intent: dict[str, Any] | None = None) -> TranscriptEvent:
         return cls(u.room_id, u.utterance_id, u.student_id, u.student_name, text, language,
-                   u.start_ts, u.end_of_speech_ts, now(), intent=intent)
+                   u.start_ts, u.end_of_speech_ts, now(), intent=intent, **_placed(u))
+
+
+def _placed(u: Utterance) -> dict[str, Any]:
+    """The stream fields of a transcript of `u` (none when its client keeps no audio)."""
+    if u.stream_span is None:
+        return {}
+    return {"stream_start": round(u.stream_span[0], 3), "stream_end": round(u.stream_span[1], 3), "recovered": u.recovered}
 
 
 @dataclass
@@ -166,7 +182,7 @@ class NoSpeechEvent(TranscriptEvent):
     @classmethod
     def of(cls, u: Utterance, text: str = "", language: str = "", intent: dict[str, Any] | None = None) -> NoSpeechEvent:
         return cls(u.room_id, u.utterance_id, u.student_id, u.student_name, "", language or u.language,
-                   u.start_ts, u.end_of_speech_ts, now())
+                   u.start_ts, u.end_of_speech_ts, now(), **_placed(u))
 
 
 @dataclass
@@ -178,7 +194,7 @@ class UtteranceFailedEvent(TranscriptEvent):
     @classmethod
     def of(cls, u: Utterance, text: str = "", language: str = "", intent: dict[str, Any] | None = None) -> UtteranceFailedEvent:
         return cls(u.room_id, u.utterance_id, u.student_id, u.student_name, "", u.language,
-                   u.start_ts, u.end_of_speech_ts, now())
+                   u.start_ts, u.end_of_speech_ts, now(), **_placed(u))
 
 
 @dataclass

@@ -26,8 +26,8 @@ class ServerProcess:
     (default: this process's) plus the admin token; its output goes to `self.log`."""
 
     def __init__(self, *extra: str, model: str = "tiny.en", program: Sequence[str] = (sys.executable, "-m", "streamserver"),
-                 cwd: Path | None = None, env: Mapping[str, str] | None = None) -> None:
-        self.port = free_port()
+                 cwd: Path | None = None, env: Mapping[str, str] | None = None, port: int | None = None) -> None:
+        self.port = port or free_port()  # a port of its own: a server started again where it ran
         tls = any(a in ("--tls-self-signed", "--tls-cert") for a in extra)
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         environ = dict(os.environ if env is None else env, STREAMSERVER_ADMIN_TOKEN=ADMIN_TOKEN)

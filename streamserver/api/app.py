@@ -168,10 +168,13 @@ async def offer(request: web.Request) -> web.Response:
     if not isinstance(sdp, str) or body.get("type", "offer") != "offer":
         return _error(400, "expected {'sdp': <offer>, 'type': 'offer'}")
     name = _student_name(name, "student_name")
+    keeps = body.get("recovery")  # the page keeps its audio (transport/recovery.py)
+    if keeps is not None and not (isinstance(keeps, dict) and isinstance(keeps.get("catch_up", False), bool)):
+        return _error(400, "recovery must be {'catch_up': true|false}")
     student = identify(request.app[CLASSROOM].settings.secret, room.room_id, body.get("student_id"), body.get("resume"))
     try:
         answer = await request.app[CLASSROOM].connect_student(room, student.student_id, name, sdp, request.remote or "",
-                                                              claim.limits)
+                                                              claim.limits, keeps)
     except (RoomFull, TooManyFromAddress) as error:
         return _error(429, str(error))
     except Busy as error:
@@ -180,7 +183,8 @@ async def offer(request: web.Request) -> web.Response:
         return _error(503, str(error))
     except OfferError as error:
         return _error(400, str(error))
-    return web.json_response({"sdp": answer, "type": "answer", "student_id": student.student_id, "resume": student.resume})
+    return web.json_response({"sdp": answer, "type": "answer", "student_id": student.student_id, "resume": student.resume,
+                              "recovery": keeps is not None})
 
 
 async def ingest(request: web.Request) -> web.StreamResponse:
@@ -199,8 +203,10 @@ async def ingest(request: web.Request) -> web.StreamResponse:
         return _error(400, "this route takes a WebSocket upgrade")
     student = identify(classroom.settings.secret, room.room_id, request.query.get("student_id"), request.query.get("resume"))
     student_id = student.student_id
+    catch_up = request.query.get("catch_up") == "1"  # a client that keeps its audio sends it again
     try:
-        audio = await classroom.open_stream(room, student_id, name, request.remote or "", ws_ingest.ender(ws), claim.limits)
+        audio = await classroom.open_stream(room, student_id, name, request.remote or "", ws_ingest.ender(ws), claim.limits,
+                                            ws.send_json, catch_up)
     except (RoomFull, TooManyFromAddress) as error:
         return _error(429, str(error))
     except Busy as error:
@@ -209,9 +215,14 @@ async def ingest(request: web.Request) -> web.StreamResponse:
         return _error(503, str(error))
     try:
         identity = {"room_id": room.room_id, "student_id": student_id, "resume": student.resume}
-        return await ws_ingest.serve(request, ws, identity, audio.push_pcm16, lambda: classroom.is_current(room, student_id, audio))
+        def keep(times: dict[str, float | None]) -> None:
+            audio.keep(False, times["start"], times["live_from"], times["now"])
+
+        return await ws_ingest.serve(request, ws, identity, audio.push_pcm16,
+                                     lambda: classroom.is_current(room, student_id, audio), keep)
     finally:
-        classroom.close_stream(room, student_id, audio)  # flushes the last utterance
+        audio.said_bye = ws_ingest.said_goodbye(ws)
+        classroom.close_stream(room, student_id, audio)  # flushes the last utterance (or keeps it for the client)
 
 
 async def class_transcript(request: web.Request) -> web.Response:

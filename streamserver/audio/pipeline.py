@@ -1,17 +1,31 @@
 """One student's audio path: decoded frames -> 16 kHz mono -> VAD -> Utterances (and, while the
-student speaks, hints: partial and speculative Utterances of the same utterance_id)."""
+student speaks, hints: partial and speculative Utterances of the same utterance_id).
+
+A student whose page keeps its audio (audio/timeline.py) is told how far its audio is safe
+(ack()): up to the oldest utterance not yet published, or the speech in progress. After a break
+the page sends the rest again as catch-up; the new live audio is held meanwhile and follows it,
+so the VAD sees one stream in the order it was spoken.
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import av
 import numpy as np
 
+from engines.features import SAMPLE_RATE
 from streamserver.audio.pacing import Pacer
 from streamserver.audio.resample import To16kMono
 from streamserver.audio.segmenter import SegmentedSpeech, SegmenterConfig, UtteranceSegmenter
-from streamserver.events import Utterance, audio_digest
+from streamserver.audio.timeline import StreamClock
+from streamserver.events import Utterance, audio_digest, now
+
+# Live audio waits this long for a catch-up to begin, and then for each next piece of it; a page
+# that goes quiet mid-way loses the rest of its catch-up, never its live audio.
+CATCH_UP_WAIT_S = 10.0
+HELD_MAX_S = 180.0  # live audio held behind a catch-up; past it, the live audio goes on (said in the log)
 
 
 class StudentAudio:
@@ -36,30 +50,149 @@ class StudentAudio:
                                              on_hint=self._hint if on_hint else lambda _: None)
         self._speaking = False
         self._pacer = pacer or Pacer()
+        # A page that keeps its audio (keep()): the stream clock, the utterances not yet
+        # published (id -> first sample), live audio held behind a catch-up.
+        self.kept = False
+        self.clock = StreamClock()
+        self._fed = 0  # samples fed to the VAD
+        self._live_received = 0  # live samples received (fed or held)
+        self._live_start: float | None = None  # stream time of the first live sample
+        self._live_run = False
+        self._offset: float | None = None  # server clock - stream clock
+        self._unsettled: dict[str, int] = {}
+        self._recovered_before = 0  # samples before this are sent again after a break
+        self._held: list[np.ndarray] | None = None  # live audio waiting for the catch-up
+        self._held_samples = 0
+        self._wait_until = 0.0  # monotonic: the catch-up is given up after this
+        self._catch_up_pacer: Pacer | None = None
+        self.said_bye = False  # the page left on purpose: its last speech is flushed, not kept
+        self.closed = False
+        self.live_from_told = False  # the page was told where its live audio starts
 
     def push_frame(self, frame: av.AudioFrame) -> None:
         self.push_pcm16(self._resample.push(frame))
 
     def push_pcm16(self, pcm: np.ndarray) -> None:
-        """Raises TooFast (nothing of it kept) when the stream outruns real time."""
+        """Live audio. Raises TooFast (nothing of it kept) when the stream outruns real time."""
         self._pacer.take(pcm.size)
-        self._segmenter.feed(pcm)
+        self._live_received += pcm.size
+        if self._held is not None:
+            if time.monotonic() < self._wait_until and self._held_samples < HELD_MAX_S * SAMPLE_RATE:
+                self._held.append(pcm)
+                self._held_samples += pcm.size
+                return
+            self.end_catch_up()
+        self._feed_live(pcm)
+
+    def _feed_live(self, pcm: np.ndarray) -> None:
+        if not self._live_run:
+            self._live_run = True
+            self.clock.add_run(self._fed, self._live_start)
+        self._feed(pcm)
+
+    def _feed(self, pcm: np.ndarray, ts: float | None = None) -> None:
+        self._segmenter.feed(pcm, ts)
+        self._fed += pcm.size
         if self._on_speaking and self._segmenter.speaking != self._speaking:
             self._speaking = self._segmenter.speaking
             self._on_speaking(self._speaking)
 
-    def close(self) -> None:
-        self._segmenter.flush()
+    # ---- a page that keeps its audio ----
+
+    def keep(self, catch_up: bool, start: float | None = None, live_from: float | None = None,
+             stream_now: float | None = None) -> None:
+        """The client keeps its audio and names it on its stream clock. `catch_up`: it will send
+        what the server did not acknowledge (start_catch_up ...), and the live audio waits for
+        it. `start`: the stream time of the first live sample, when the client says it (the
+        WebSocket ingest; else the first mark places it); audio before `live_from` is sent again
+        after a break. `stream_now`: the client's clock now, to date what it sends late."""
+        self.kept = True
+        if start is not None:
+            self._live_start = start
+            if live_from is not None:
+                self._recovered_before = max(0, round((live_from - start) * SAMPLE_RATE))
+        if stream_now is not None:
+            self._offset = now() - stream_now
+        if catch_up:
+            self._held, self._held_samples = [], 0
+            self._wait_until = time.monotonic() + CATCH_UP_WAIT_S
+
+    def mark(self, stream_time: float) -> float | None:
+        """The page's newest sample is at `stream_time`: it places the live audio on the stream
+        clock (the first mark decides). The live audio's start, once known."""
+        if self._offset is None:
+            self._offset = now() - stream_time
+        if self._live_start is None:
+            self._live_start = stream_time - self._live_received / SAMPLE_RATE
+            self.clock.place(self._live_start)
+        return self._live_start
+
+    @property
+    def catching_up(self) -> bool:
+        return self._held is not None
+
+    def start_catch_up(self, start: float, pacer: Pacer) -> None:
+        """Audio sent again from stream time `start`, up to the live audio's start."""
+        self.clock.add_run(self._fed, start)
+        self._catch_up_pacer = pacer
+        self._wait_until = time.monotonic() + CATCH_UP_WAIT_S
+
+    def push_catch_up(self, pcm: np.ndarray) -> None:
+        """A piece of the catch-up (TooFast past the pacing limits), dated when it was spoken."""
+        if self._held is None or self._catch_up_pacer is None:
+            raise ValueError("no catch-up is under way")
+        self._catch_up_pacer.take(pcm.size)
+        end = self.clock.at(self._fed + pcm.size)
+        ts = end + self._offset if end is not None and self._offset is not None else None
+        self._feed(pcm, ts)
+        self._wait_until = time.monotonic() + CATCH_UP_WAIT_S
+
+    def end_catch_up(self) -> None:
+        """The catch-up is over (or given up): the held live audio follows it."""
+        if self._held is None:
+            return
+        held, self._held = self._held, None
+        self._recovered_before = self._fed
+        for pcm in held:
+            self._feed_live(pcm)
+
+    def ack(self) -> float | None:
+        """How far the client's audio is safe, on its stream clock: everything before is in a
+        published utterance or was not speech. None until the stream is placed."""
+        safe = min([self._segmenter.safe_sample, *self._unsettled.values()])
+        return self.clock.at(safe)
+
+    def unsettled(self) -> list[str]:
+        return list(self._unsettled)
+
+    def settle(self, utterance_ids: set[str]) -> None:
+        for uid in utterance_ids:
+            self._unsettled.pop(uid, None)
+
+    def close(self, flush: bool = True) -> None:
+        """The stream ended. Without `flush` the speech in progress is dropped: the page sends it
+        again (a reconnect that catches up)."""
+        self.closed = True
+        if flush:
+            self._segmenter.flush()
+        else:
+            self._segmenter.discard()
         if self._speaking and self._on_speaking:
             self._speaking = False
             self._on_speaking(False)
 
     def _emit(self, speech: SegmentedSpeech) -> None:
-        self._on_utterance(self._utterance(speech))
+        u = self._utterance(speech)
+        if self.kept:
+            u.stream_span = self.clock.span(speech.first_sample, speech.audio.size)
+            u.recovered = self._held is not None or speech.first_sample < self._recovered_before
+            self._unsettled[u.utterance_id] = speech.first_sample
+        self._on_utterance(u)
 
     def _hint(self, speech: SegmentedSpeech) -> None:
         assert self._on_hint is not None
-        self._on_hint(self._utterance(speech))
+        if self._held is None:  # no live captions of speech sent again: it is not live
+            self._on_hint(self._utterance(speech))
 
     def _utterance(self, speech: SegmentedSpeech) -> Utterance:
         return Utterance(

@@ -75,6 +75,7 @@ class SegmentedSpeech:
     key: str = ""  # the same for an utterance's hints and its final
     kind: str = "final"  # or "partial", "speculative" (SegmenterConfig)
     revision: int = 0  # partials of this utterance so far
+    first_sample: int = 0  # where `audio` starts in the stream fed (samples since the first feed)
 
     @property
     def duration_s(self) -> float:
@@ -107,6 +108,7 @@ class UtteranceSegmenter:
         self._partial_every = frames(c.partial_interval_ms) if c.partial_interval_ms > 0 else 0
         self._speculate = c.speculate and self._post_roll < self._hangover
         self._pending = np.zeros(0, dtype=np.int16)  # partial frame carried to the next feed()
+        self._frame_no = 0  # frames processed so far: the stream position of the newest one + 1
         self._floor: float | None = None  # noise floor, RMS in int16 units
         # Idle: the last frames as (pcm, voiced, arrival_ts), for pre-roll and the start decision.
         self._ring: deque[tuple[np.ndarray, bool, float]] = deque(maxlen=self._pre_roll + START_WINDOW)
@@ -130,12 +132,21 @@ class UtteranceSegmenter:
         """For the dashboard: only once the speech is long enough not to be a click or cough."""
         return self._triggered and (self._continued or self._voiced_count >= self._min_voiced)
 
-    def feed(self, pcm16: np.ndarray) -> None:
-        """Any length of 16 kHz mono int16 (float in [-1, 1] is converted)."""
+    @property
+    def safe_sample(self) -> int:
+        """The stream position before which no audio can become part of a future utterance: the
+        start of the utterance being spoken, else of the frames kept for a pre-roll. Audio before
+        it is either in an emitted utterance or was not speech."""
+        held = len(self._frames) if self._triggered else len(self._ring)
+        return (self._frame_no - held) * self._n
+
+    def feed(self, pcm16: np.ndarray, ts: float | None = None) -> None:
+        """Any length of 16 kHz mono int16 (float in [-1, 1] is converted). `ts`: when it was
+        captured on the server clock, if not now (audio a client kept and sends late)."""
         pcm16 = np.asarray(pcm16)
         if np.issubdtype(pcm16.dtype, np.floating):
             pcm16 = np.clip(pcm16 * 32768.0, -32768, 32767).astype(np.int16)  # exact inverse of /32768
-        ts = self._clock()
+        ts = self._clock() if ts is None else ts
         data = np.concatenate((self._pending, pcm16.reshape(-1).astype(np.int16, copy=False)))
         whole = len(data) // self._n * self._n
         self._pending = data[whole:].copy()
@@ -159,10 +170,17 @@ class UtteranceSegmenter:
         """End of stream (or forced boundary): emit pending speech if long enough, then reset."""
         if self._triggered:
             self._end()
+        self.discard()
+
+    def discard(self) -> None:
+        """Forget the speech in progress without emitting it (its client sends it again)."""
+        if self._triggered:  # the stream position stays: later audio continues the stream
+            self._reset_utterance()
         self._pending = np.zeros(0, dtype=np.int16)  # < 1 frame: too short for the VAD anyway
         self._ring.clear()
 
     def _process(self, frame: np.ndarray, voiced: bool, ts: float) -> None:
+        self._frame_no += 1
         if not self._triggered:
             self._ring.append((frame, voiced, ts))
             # only a voiced frame can bring the window to start_frames (it was below before)
@@ -247,4 +265,6 @@ class UtteranceSegmenter:
         if not voiced or not long_enough:
             return None
         audio = np.concatenate(self._frames[:upto]).astype(np.float32) / 32768.0
-        return SegmentedSpeech(audio, self._ts[voiced[0]], self._ts[voiced[-1]], cut, self._key, kind, self._revision)
+        first_sample = (self._frame_no - len(self._frames)) * self._n
+        return SegmentedSpeech(audio, self._ts[voiced[0]], self._ts[voiced[-1]], cut, self._key, kind, self._revision,
+                               first_sample)

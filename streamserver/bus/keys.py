@@ -71,6 +71,12 @@ def alive_key(worker: str) -> str:
     return f"asr:alive:{worker}"
 
 
+def spoken_key(room_id: str, student_id: str) -> str:
+    """Where a student's published utterances lie on its own clock (a sorted set): a recovered
+    utterance (sent again after a break) that one of them covers is not published twice."""
+    return f"room:{room_id}:spoken:{student_id}"
+
+
 def done_key(utterance_id: str) -> str:
     return f"asr:done:{utterance_id}"
 

@@ -1,5 +1,10 @@
 """Simulated students on the WebSocket ingest: real-time PCM16 frames paced by the wall clock.
 
+A student that keeps its audio (`keeps`, as the student page does over WebRTC) counts what it
+said on its own clock, learns from the server's acks how far it is safe, and after any break (the
+stream closed, or no ack for HEARTBEAT_S) reconnects, through the next of its servers' URLs
+when it has several, and sends the rest again before its live audio (transport/ws_ingest.py).
+
 Silence is sent as digital zeros, like a muted or quiet microphone, so the server's VAD sees a
 continuous stream and ends each utterance after its own hangover, as it would for a browser.
 One Pacer drives every student of the process from a single clock: a timer per frame for all
@@ -11,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -18,6 +25,14 @@ import aiohttp
 
 from streamserver.loadsim.clients import JoinRefused, token_of
 from streamserver.loadsim.scenario import RATE, Turn
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 2.0  # no ack this long: the server is gone
+KEEP_S = 60.0  # audio kept for sending again, as the page
+CATCH_UP_RATE = 1.4  # x real time; the server takes up to 1.5x
+CATCH_UP_PIECE = RATE // 10  # samples (100 ms) per message of a catch-up
+RECONNECT_S = (0.2, 0.5, 1.0, 2.0)  # waits between attempts (the last repeats)
 
 
 @dataclass
@@ -37,15 +52,31 @@ class WsStudent:
     name: str
     student_id: str  # the server's, once connected (it issues every id); "" before
     resume: str = ""  # the secret that proves student_id on a reconnect
+    keeps: bool = False  # keeps its audio and sends it again after a break
+    urls: list[str] = field(default_factory=list)  # servers to reconnect through, in turn (default: url)
     closed_by_server: str | None = field(default=None, init=False)  # why, when the server ended it
+    reconnects: int = field(default=0, init=False)
+    resent_s: float = field(default=0.0, init=False)  # audio sent again after breaks
     _ws: aiohttp.ClientWebSocketResponse | None = field(default=None, init=False, repr=False)
     _reader: asyncio.Task | None = field(default=None, init=False, repr=False)
+    # kept audio: PCM16 bytes of samples [_kept_from, _written), of which [.., _sent) went out on
+    # this connection; the server acknowledged everything before _ack (samples)
+    _kept: bytearray = field(default_factory=bytearray, init=False, repr=False)
+    _kept_from: int = field(default=0, init=False, repr=False)
+    _written: int = field(default=0, init=False, repr=False)
+    _sent: int = field(default=0, init=False, repr=False)
+    _ack: int = field(default=0, init=False, repr=False)
+    _heard: float = field(default=0.0, init=False, repr=False)
+    _recovery: asyncio.Task | None = field(default=None, init=False, repr=False)
+    _ending: bool = field(default=False, init=False, repr=False)
 
-    async def connect(self, timeout_s: float = 15.0) -> None:
+    async def connect(self, timeout_s: float = 15.0, catch_up: bool = False) -> None:
         """Open the stream and wait for "ready"; JoinRefused for an HTTP refusal or an early error."""
         params = {"token": token_of(self.room["student_url"]), "name": self.name}
         if self.resume:  # a reconnect: the same student
             params.update(student_id=self.student_id, resume=self.resume)
+        if catch_up:
+            params["catch_up"] = "1"
         try:
             self._ws = await self.session.ws_connect(
                 self.url.replace("http", "ws", 1) + "/ws/ingest", params=params, timeout=aiohttp.ClientWSTimeout(ws_close=5)
@@ -58,23 +89,55 @@ class WsStudent:
             raise JoinRefused(0, f"no ready message: {ready.type.name} {str(ready.data)[:200]}")
         identity = json.loads(ready.data)
         self.student_id, self.resume = identity["student_id"], identity.get("resume", "")
-        self._reader = asyncio.create_task(self._read())
+        if self.keeps:
+            self._sent = max(self._ack, self._kept_from)
+            now_s = self._written / RATE
+            keeps = {"start": self._sent / RATE, "now": now_s, "live_from": now_s if catch_up else None}
+            await self._ws.send_str(json.dumps({"format": "pcm16", "keeps": keeps}))
+            self._heard = time.monotonic()
+        self._reader = asyncio.create_task(self._read(self._ws))
 
-    async def _read(self) -> None:
-        """Answers the server's pings (autoping works only while reading) and notes why it closed."""
-        assert self._ws is not None
-        async for message in self._ws:
-            if message.type == aiohttp.WSMsgType.TEXT and json.loads(message.data).get("type") == "error":
-                self.closed_by_server = json.loads(message.data).get("error", "error")
-        if self.closed_by_server is None and self._ws.close_code not in (None, 1000):
-            self.closed_by_server = f"closed with code {self._ws.close_code}"
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Answers the server's pings (autoping works only while reading), takes its acks, and
+        notes why it closed."""
+        async for message in ws:
+            if message.type != aiohttp.WSMsgType.TEXT:
+                continue
+            body = json.loads(message.data)
+            if body.get("type") == "error":
+                self.closed_by_server = body.get("error", "error")
+            elif body.get("type") == "ack":
+                self._heard = time.monotonic()
+                if isinstance(body.get("t"), (int, float)):
+                    self._ack = max(self._ack, round(body["t"] * RATE))
+                    self._forget()
+        if self.keeps and not self._ending and ws is self._ws:
+            self._break("the stream closed")
+            return
+        if self.closed_by_server is None and ws.close_code not in (None, 1000):
+            self.closed_by_server = f"closed with code {ws.close_code}"
 
     @property
     def connected(self) -> bool:
         return self._ws is not None and not self._ws.closed
 
     async def send(self, chunk: bytes) -> bool:
-        """False once the stream is gone (the reader notes why)."""
+        """False once the stream is gone (the reader notes why). A student that keeps its audio
+        keeps talking through a break: what it says goes out once it is back."""
+        if not self.keeps:
+            return await self._send_bytes(chunk)
+        self._kept += chunk
+        self._written += len(chunk) // 2
+        if self._recovery is None and self.connected and time.monotonic() - self._heard > HEARTBEAT_S:
+            self._break(f"no ack for {HEARTBEAT_S:g} s")
+        if self._recovery is None and self._sent == self._written - len(chunk) // 2:
+            if await self._send_bytes(chunk):
+                self._sent = self._written
+            elif not self._ending:
+                self._break("a send failed")
+        return True
+
+    async def _send_bytes(self, chunk: bytes) -> bool:
         if not self.connected:
             return False
         try:
@@ -83,7 +146,60 @@ class WsStudent:
             return False
         return True
 
+    def _forget(self) -> None:
+        """Audio acknowledged, and audio older than KEEP_S, is not kept."""
+        drop = min(max(self._ack, self._written - int(KEEP_S * RATE)), self._sent) - self._kept_from
+        if drop > RATE:  # in whole seconds' worth, not per ack
+            del self._kept[: drop * 2]
+            self._kept_from += drop
+
+    def _break(self, why: str) -> None:
+        if self._recovery is None or self._recovery.done():
+            log.info("student %s: %s; reconnecting", self.student_id, why)
+            self._recovery = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        """Reconnect (the next URL after a failed attempt) and send what was not acknowledged,
+        paced, up to the live audio; the live audio then goes straight out again."""
+        urls = self.urls or [self.url]
+        attempt = 0
+        while not self._ending:
+            old = self._ws
+            if old is not None and not old.closed:  # not a goodbye: the server keeps our speech in progress
+                await asyncio.gather(asyncio.wait_for(old.close(code=4000), 0.5), return_exceptions=True)
+            try:
+                await self.connect(catch_up=True)
+            except (JoinRefused, aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
+                log.info("student %s: reconnect through %s failed: %s", self.student_id, self.url, error)
+                await asyncio.sleep(RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)])
+                attempt += 1
+                self.url = urls[(urls.index(self.url) + 1) % len(urls)] if self.url in urls else urls[0]
+                continue
+            self.reconnects += 1
+            began, start = time.monotonic(), self._sent
+            self.resent_s += (self._written - self._sent) / RATE  # what the break held back
+            while self._sent < self._written and self.connected:
+                piece = min(CATCH_UP_PIECE, self._written - self._sent)
+                at = (self._sent - self._kept_from) * 2
+                if not await self._send_bytes(bytes(self._kept[at : at + piece * 2])):
+                    break
+                self._sent += piece
+                ahead = (self._sent - start) / RATE / CATCH_UP_RATE - (time.monotonic() - began)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+            if self._sent >= self._written and self.connected:
+                break  # caught up: send() takes over
+        self._recovery = None
+
     async def close(self) -> None:
+        if self.keeps and self._recovery is not None:  # what it said during a break goes out first
+            try:
+                await asyncio.wait_for(asyncio.shield(self._recovery), 60)
+            except asyncio.TimeoutError:
+                log.warning("student %s: catch-up not finished at the end", self.student_id)
+        self._ending = True
+        if self._recovery is not None:
+            self._recovery.cancel()
         if self._ws is not None:
             await self._ws.close()
         if self._reader is not None:

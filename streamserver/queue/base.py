@@ -55,6 +55,9 @@ class Speculation:
         except (ValueError, TypeError, KeyError):
             return None
         event.published_ts, event.end_of_speech_ts = now(), u.end_of_speech_ts
+        if u.stream_span is not None:  # a hint travels without its place on the student's clock
+            event.stream_start, event.stream_end = round(u.stream_span[0], 3), round(u.stream_span[1], 3)
+            event.recovered = u.recovered
         return event
 
     def to_json(self) -> str:
@@ -64,6 +67,26 @@ class Speculation:
     def from_json(cls, data: str | bytes) -> Speculation:
         fields = json.loads(data)
         return cls(fields["digest"], fields["event"])
+
+
+# A recovered utterance (sent again by its student's page after a break) is a copy of a published
+# one when they share this much of the shorter's time on the student's clock: the VAD, started
+# again at another point of the same audio, cuts about the same utterance, never one half-way
+# into another (they are at least a hangover apart).
+SPOKEN_OVERLAP = 0.5
+SPOKEN_KEPT_S = 600  # how far back (student clock seconds) published utterances are remembered
+
+
+def span_args(event: TranscriptEvent) -> list[str]:
+    """The spoken-record arguments of the queue scripts: span start, end, recovered ('' if none)."""
+    if event.stream_start is None or event.stream_end is None:
+        return ["", "", "0"]
+    return [repr(event.stream_start), repr(event.stream_end), "1" if event.recovered else "0"]
+
+
+def covered(spans: list[tuple[float, float]], start: float, end: float) -> bool:
+    """Whether a published span covers the recovered one [start, end] (SPOKEN_OVERLAP)."""
+    return any(min(end, e) - max(start, s) >= SPOKEN_OVERLAP * min(end - start, e - s) for s, e in spans)
 
 
 class QueueFull(Exception):
@@ -107,6 +130,13 @@ class UtteranceQueue(Protocol):
     async def claim(self, event: TranscriptEvent) -> bool:
         """Publish a result made outside the job path (a speculation, a fallback) unless the
         utterance was published already (True: this one is the room's)."""
+
+    async def done_of(self, utterance_ids: list[str]) -> set[str]:
+        """Those of the utterances whose result is published (or that were found to be copies of
+        a published one, queue/base.py covered): the audio of the others is not safe yet."""
+
+    def remember_spoken(self, room_id: str, student_id: str, spans: list[tuple[float, float]]) -> None:
+        """Spans of the student's utterances published before this process knew them."""
 
     # ---- the worker's side ----
     async def ensure_group(self) -> None:

@@ -30,6 +30,9 @@ def encode_job(u: Utterance) -> dict[str, bytes | str]:
     fields.update(start_ts=repr(u.start_ts), end_of_speech_ts=repr(u.end_of_speech_ts), cut="1" if u.cut else "0", audio=pcm)
     if u.digest:
         fields["digest"] = u.digest
+    if u.stream_span is not None:
+        fields["stream_span"] = f"{u.stream_span[0]!r},{u.stream_span[1]!r}"
+        fields["recovered"] = "1" if u.recovered else "0"
     return fields
 
 
@@ -43,10 +46,19 @@ def decode_job(fields: dict[bytes, bytes]) -> Utterance:
             end_of_speech_ts=float(fields[b"end_of_speech_ts"]),
             cut=fields[b"cut"] == b"1",
             digest=fields.get(b"digest", b"").decode(),  # absent in jobs of older gateways
+            stream_span=_span(fields.get(b"stream_span")),
+            recovered=fields.get(b"recovered") == b"1",
             **text,
         )
     except (KeyError, ValueError, UnicodeDecodeError) as error:
         raise JobError(f"not an utterance job: {error!r}") from error
+
+
+def _span(value: bytes | None) -> tuple[float, float] | None:
+    if not value:
+        return None
+    start, end = value.split(b",")
+    return float(start), float(end)
 
 
 def pack_hint(u: Utterance) -> bytes:

@@ -17,7 +17,8 @@ from streamserver.queue.fair import fair_batch
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance
 from streamserver.queue.base import (
-    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Entry, QueueFull, Speculation, wanted_hints,
+    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, SPOKEN_KEPT_S, Bounds, Entry, QueueFull, Speculation, covered,
+    wanted_hints,
 )
 
 ALIVE_TTL_S = 1.0  # as the Redis queue's: a worker silent this long has no capacity
@@ -42,6 +43,8 @@ class MemoryQueue:
         # utterance id -> (its newest hint, monotonic time offered); a replaced hint keeps its place
         self._hints: OrderedDict[str, tuple[Utterance, float]] = OrderedDict()
         self._speculations: OrderedDict[str, tuple[Speculation, float]] = OrderedDict()
+        # (room, student) -> spans published, on the student's clock (queue/base.py: covered)
+        self._spoken: dict[tuple[str, str], list[tuple[float, float]]] = {}
 
     async def submit(self, u: Utterance) -> str:
         b, student = self.bounds, (u.room_id, u.student_id)
@@ -102,10 +105,26 @@ class MemoryQueue:
         self._speculations.pop(event.utterance_id, None)
         if event.utterance_id in self._done:
             return False
+        spoken = self._spoken.setdefault((event.room_id, event.student_id), [])
+        span = (event.stream_start, event.stream_end) if event.stream_start is not None else None
+        if span and covered(spoken, *span):  # a copy of a published utterance, sent again after a break
+            self._remember_done(event.utterance_id)
+            return False
         if not await self.publisher.publish(event):
             raise ConnectionError(f"the bus did not take the result of utterance {event.utterance_id}")
         self._remember_done(event.utterance_id)
+        if span:
+            spoken[:] = [s for s in spoken if s[1] > span[1] - SPOKEN_KEPT_S] + [span]
         return True
+
+    def remember_spoken(self, room_id: str, student_id: str, spans: list[tuple[float, float]]) -> None:
+        """Spans published before this process started (from the room's history): a `serve`
+        restarted keeps no record of its own."""
+        spoken = self._spoken.setdefault((room_id, student_id), [])
+        spoken += [s for s in spans if s not in spoken]
+
+    async def done_of(self, utterance_ids: list[str]) -> set[str]:
+        return {uid for uid in utterance_ids if uid in self._done}
 
     async def depth(self) -> int:
         return len(self._waiting) + len(self._pending)

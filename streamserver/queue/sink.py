@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from typing import Protocol
 
 from streamserver.bus.ordered import OrderedPublisher
@@ -19,6 +20,7 @@ from streamserver.queue.spool import Spool, SpoolError
 log = logging.getLogger(__name__)
 RETRY_FOR_S = 120.0  # the queue unreachable longer than this: the utterance is dropped, loudly
 FULL_HOLD_S = 10.0  # a room whose backlog reached its bound answers new students "busy" this long
+SETTLED_REMEMBERED = 10_000
 
 
 class Fallback(Protocol):
@@ -57,6 +59,9 @@ class UtteranceSink:
         self.queued = 0
         self.dropped = 0
         self._wanted = (-1e9, "none")  # (monotonic time checked, what the workers take: queue.hints_wanted)
+        # Utterances settled without a publication: dropped (said to the room) or kept in the
+        # spool; their audio needs no resending (settled()).
+        self._settled: OrderedDict[str, None] = OrderedDict()
 
     def start(self) -> None:
         if self.spool is not None and self.spool.pending():  # left by a gateway that stopped
@@ -81,6 +86,17 @@ class UtteranceSink:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def settled(self, utterance_ids: list[str]) -> set[str]:
+        """Those of the utterances that need their audio no more: published, or found to be a
+        copy of a published one, or dropped, or spooled. UNREACHABLE errors when the queue is away."""
+        done = await self.queue.done_of(utterance_ids) if utterance_ids else set()
+        return done | {uid for uid in utterance_ids if uid in self._settled}
+
+    def _settle(self, u: Utterance) -> None:
+        self._settled[u.utterance_id] = None
+        if len(self._settled) > SETTLED_REMEMBERED:
+            self._settled.popitem(last=False)
 
     async def _offer(self, u: Utterance) -> None:
         """Only what a worker would take now: an overloaded engine takes no hints, and sending
@@ -145,6 +161,7 @@ class UtteranceSink:
                     return
                 if time.monotonic() > deadline:
                     self.dropped += 1
+                    self._settle(u)
                     log.error("utterance %s of room %s dropped: the queue was unreachable for %.0fs (%s)",
                               u.utterance_id, u.room_id, RETRY_FOR_S, error)
                     return
@@ -158,6 +175,7 @@ class UtteranceSink:
     async def _to_spool(self, u: Utterance) -> None:
         assert self.spool is not None
         await asyncio.to_thread(self.spool.put, u)  # fsync: off the event loop
+        self._settle(u)
         self.metrics.utterances.labels(outcome="spooled").inc()
         self._drain()
 
@@ -215,6 +233,7 @@ class UtteranceSink:
 
     async def _refused(self, u: Utterance, error: QueueFull) -> None:
         self.dropped += 1
+        self._settle(u)
         self.metrics.utterances.labels(outcome="dropped").inc()
         log.warning("utterance %s of student %s in room %s dropped: %s", u.utterance_id, u.student_id, u.room_id, error)
         if error.scope != "student":  # one student's flood is its own; a room's bound makes the room busy

@@ -13,7 +13,9 @@ from typing import Callable
 
 import aioice.ice
 import numpy as np
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
+from aiortc import (
+    RTCConfiguration, RTCDataChannel, RTCIceServer, RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription,
+)
 
 from streamserver.audio.pacing import TooFast
 from streamserver.transport import rtp_audio
@@ -60,10 +62,12 @@ async def answer(
     on_pcm: Callable[[np.ndarray], None],
     on_end: Callable[[], None],
     candidates: CandidatePolicy = CandidatePolicy(),
+    on_channel: Callable[[RTCDataChannel], None] | None = None,
 ) -> tuple[RTCPeerConnection, str]:
     """Accept an audio offer; the student's audio goes to on_pcm as 16 kHz mono int16 as its
     packets arrive (transport/rtp_audio.py), on_end once when it stops. on_pcm raising TooFast
-    closes the peer. Only the offer's allowed ICE candidates are contacted (transport/candidates.py)."""
+    closes the peer. Only the offer's allowed ICE candidates are contacted (transport/candidates.py).
+    A data channel the page opens goes to on_channel (transport/recovery.py)."""
     if "m=audio" not in offer_sdp:
         raise OfferError("the offer has no audio")
     try:
@@ -94,6 +98,13 @@ async def answer(
             log.error("dropping audio that could not be processed", exc_info=error)
 
     receiver = rtp_audio.install(audio.receiver, on_pcm, finish, refused)
+
+    @pc.on("datachannel")
+    def on_datachannel(channel: RTCDataChannel) -> None:
+        if on_channel is not None:
+            on_channel(channel)
+        else:
+            channel.close()
 
     @pc.on("connectionstatechange")
     async def on_state() -> None:

@@ -7,6 +7,14 @@ Protocol (after the route has checked the student token, see streamserver/api/ap
             {"type": "format", "format", "sample_rate"}
   client -> binary messages: little-endian int16 mono 16 kHz PCM of any length (20 ms = 640
             bytes is typical), or with "opus" one Opus packet each (48 kHz; mono or stereo)
+A client that keeps its audio to send it again after a break (the load simulator's students, as
+the student page does over WebRTC: transport/recovery.py) says so in the format message:
+  {"format": ..., "keeps": {"start": F, "now": T, "live_from": L}}: its first sample is at stream
+  time F (seconds on its own clock), its clock reads T now, and audio before L is sent again (a
+  reconnect with `catch_up=1` in the URL); then
+  server -> {"type": "ack", "t": A, "ts": S} every 0.5 s: its audio before A is safe.
+A close of the client's with code 1000 or 1001 is a goodbye: its last speech is flushed; a stream
+that breaks off keeps it for the client to send again.
 Bad input gets {"type": "error", "error": <why>} and a close with one of the codes below; the
 stream's audio so far is flushed as usual, and the room keeps serving everyone else.
 """
@@ -76,7 +84,8 @@ class OpusDecoder:
 MAX_TEXT_CHARS = 256  # {"format": "pcm16"} is 19
 
 
-def _read_format(text: str) -> str:
+def _read_format(text: str) -> tuple[str, dict[str, float | None] | None]:
+    """The format, and where the client's audio lies on its stream clock if it keeps it."""
     if len(text) > MAX_TEXT_CHARS:
         raise BadInput(f"a text message of {len(text)} characters is over {MAX_TEXT_CHARS}", CLOSE_UNSUPPORTED)
     try:
@@ -85,7 +94,18 @@ def _read_format(text: str) -> str:
         message = None
     if not isinstance(message, dict) or message.get("format") not in FORMATS:
         raise BadInput('the only text message is a first {"format": "pcm16"|"opus"}', CLOSE_UNSUPPORTED)
-    return message["format"]
+    keeps = message.get("keeps")
+    if keeps is None:
+        return message["format"], None
+    times = {}
+    for key in ("start", "now", "live_from"):
+        value = keeps.get(key) if isinstance(keeps, dict) else None
+        if value is not None and (type(value) not in (int, float) or not 0 <= value < 1e7):
+            raise BadInput(f"keeps.{key} must be a stream time in seconds", CLOSE_UNSUPPORTED)
+        times[key] = value
+    if times["start"] is None or times["now"] is None:
+        raise BadInput("keeps needs the stream times start and now", CLOSE_UNSUPPORTED)
+    return message["format"], times
 
 
 def new_socket() -> web.WebSocketResponse:
@@ -94,21 +114,31 @@ def new_socket() -> web.WebSocketResponse:
     return web.WebSocketResponse(heartbeat=20, max_msg_size=TRANSPORT_LIMIT_BYTES)
 
 
+Keep = Callable[[dict[str, float | None]], None]
+
+
 async def serve(
     request: web.Request, ws: web.WebSocketResponse, identity: dict[str, str], push: Callable[[np.ndarray], None],
-    current: Callable[[], bool],
+    current: Callable[[], bool], keep: Keep = lambda _times: None,
 ) -> web.WebSocketResponse:
     """Run one student's stream until either side closes: decoded 16 kHz PCM goes to `push`
     while `current()` says this stream is still the student's (a reconnect replaces it).
-    `identity` (room_id, student_id, resume) goes into the ready message. The caller has checked
-    the token, seated the student and ends the stream afterwards."""
+    `identity` (room_id, student_id, resume) goes into the ready message; `keep` gets the
+    stream times of a client that keeps its audio. The caller has checked the token, seated the
+    student and ends the stream afterwards."""
     await ws.prepare(request)
-    await _stream(ws, identity, push, current)
+    await _stream(ws, identity, push, current, keep)
     return ws
 
 
+def said_goodbye(ws: web.WebSocketResponse) -> bool:
+    """The client closed the stream on purpose (not a connection that broke off)."""
+    return ws.close_code in (WSCloseCode.OK, WSCloseCode.GOING_AWAY)
+
+
 async def _stream(
-    ws: web.WebSocketResponse, identity: dict[str, str], push: Callable[[np.ndarray], None], current: Callable[[], bool]
+    ws: web.WebSocketResponse, identity: dict[str, str], push: Callable[[np.ndarray], None], current: Callable[[], bool],
+    keep: Keep,
 ) -> None:
     room_id, student_id = identity["room_id"], identity["student_id"]
     await ws.send_json({"type": "ready", **identity, "sample_rate": RATE, "format": "pcm16"})
@@ -129,7 +159,9 @@ async def _stream(
             elif message.type == WSMsgType.TEXT:
                 if not first:
                     raise BadInput("a format message must come before any audio", CLOSE_UNSUPPORTED)
-                fmt = _read_format(message.data)
+                fmt, times = _read_format(message.data)
+                if times is not None:
+                    keep(times)
                 decoder = OpusDecoder() if fmt == "opus" else Pcm16Decoder()
                 await ws.send_json({"type": "format", "format": fmt, "sample_rate": 48000 if fmt == "opus" else RATE})
             elif message.type == WSMsgType.ERROR:  # e.g. over the transport limit: aiohttp closes with 1009

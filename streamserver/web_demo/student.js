@@ -1,10 +1,21 @@
 // Student page: microphone -> WebRTC (aiortc server) -> transcripts on the teacher's dashboard.
+//
+// The page also keeps the last KEEP_S of its microphone audio (16 kHz, on its own clock: seconds
+// since it started recording) and learns over a "recovery" data channel how far the server has
+// it safe (acks, also the heartbeat). After any break (the network, the server) it sends the rest
+// again on the new connection, before the new live audio: streamserver/transport/recovery.py.
 'use strict';
 
 const ICE_GATHER_TIMEOUT_MS = 3000; // aiortc does no trickle ICE: we send the offer once gathering ends
 const CONNECT_TIMEOUT_MS = 15000;   // answer applied but ICE never connects: start over
 const DISCONNECT_GRACE_MS = 2000;   // 'disconnected' often heals by itself within a second or two
 const MAX_BACKOFF_S = 10;
+const KEEP_S = 60;            // microphone audio kept for sending again
+const RATE = 16000;
+const MARK_EVERY_MS = 250;    // "my newest sample is at t": places the live audio on our clock
+const HEARTBEAT_MS = 2000;    // no ack this long: the server is gone, reconnect
+const CATCH_UP_RATE = 1.25;   // x real time; the server accepts up to 1.5x
+const CATCH_UP_PIECE_S = 0.1;
 const AUDIO_CONSTRAINTS = { echoCancellation: true, noiseSuppression: true, autoGainControl: true };
 
 // The link carries room and token in its fragment (#room=…&token=…), which the browser never
@@ -80,6 +91,152 @@ function resetMeter() {
   levelEl.setAttribute('aria-valuenow', 0);
 }
 
+// --- the audio the page keeps ---------------------------------------------------------------
+
+// The microphone at 16 kHz mono, low-passed and decimated in an AudioWorklet (any device rate).
+const KEEPER_WORKLET = `
+class Keeper extends AudioWorkletProcessor {
+  constructor() {
+    super();
+    const taps = 33, cutoff = 7000 / sampleRate;
+    this.h = new Float32Array(taps);
+    let sum = 0;
+    for (let i = 0; i < taps; i++) {
+      const x = i - (taps - 1) / 2;
+      const sinc = x === 0 ? 2 * cutoff : Math.sin(2 * Math.PI * cutoff * x) / (Math.PI * x);
+      this.h[i] = sinc * (0.54 - 0.46 * Math.cos(2 * Math.PI * i / (taps - 1)));
+      sum += this.h[i];
+    }
+    for (let i = 0; i < taps; i++) this.h[i] /= sum;
+    this.hist = new Float32Array(taps);
+    this.at = 0;
+    this.seen = 0;
+    this.next = 0;
+    this.step = sampleRate / ${RATE};
+    this.out = new Float32Array(320);
+    this.fill = 0;
+  }
+  process(inputs) {
+    const ch = inputs[0] && inputs[0][0];
+    const frames = ch ? ch.length : 128; // no input yet: silence keeps the clock going
+    const L = this.hist.length;
+    for (let i = 0; i < frames; i++) {
+      this.hist[this.at] = ch ? ch[i] : 0;
+      this.at = (this.at + 1) % L;
+      this.seen++;
+      while (this.next < this.seen) {
+        let acc = 0;
+        for (let k = 0; k < L; k++) acc += this.h[k] * this.hist[(this.at + k) % L];
+        this.out[this.fill++] = acc;
+        if (this.fill === this.out.length) { this.port.postMessage(this.out.slice(0)); this.fill = 0; }
+        this.next += this.step;
+      }
+    }
+    return true;
+  }
+}
+registerProcessor('keeper', Keeper);
+`;
+
+class KeptAudio {
+  constructor() {
+    this.buf = new Int16Array(KEEP_S * RATE);
+    this.written = 0; // samples since recording started: the stream clock is written / RATE
+  }
+  push(samples) {
+    const n = this.buf.length;
+    for (let i = 0; i < samples.length; i++) {
+      const v = Math.max(-1, Math.min(1, samples[i]));
+      this.buf[(this.written + i) % n] = Math.round(v * 32767);
+    }
+    this.written += samples.length;
+  }
+  get now() { return this.written / RATE; }
+  get oldest() { return Math.max(0, this.written - this.buf.length) / RATE; }
+  // PCM16 of stream times [from, to), as far as it is still kept
+  slice(from, to) {
+    const first = Math.max(Math.round(from * RATE), this.written - this.buf.length);
+    const last = Math.min(Math.round(to * RATE), this.written);
+    const out = new Int16Array(Math.max(0, last - first));
+    for (let i = 0; i < out.length; i++) out[i] = this.buf[(first + i) % this.buf.length];
+    return out;
+  }
+}
+
+async function startKeeping(s) {
+  const url = URL.createObjectURL(new Blob([KEEPER_WORKLET], { type: 'application/javascript' }));
+  await s.audioCtx.audioWorklet.addModule(url);
+  URL.revokeObjectURL(url);
+  const node = new AudioWorkletNode(s.audioCtx, 'keeper');
+  node.port.onmessage = (e) => s.kept.push(e.data);
+  const mute = s.audioCtx.createGain(); // pulled by the destination, heard by no one
+  mute.gain.value = 0;
+  s.audioCtx.createMediaStreamSource(s.stream).connect(node).connect(mute).connect(s.audioCtx.destination);
+  s.keeper = node;
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+function onRecoveryMessage(s, pc, channel, data, stale) {
+  let msg;
+  try { msg = JSON.parse(data); } catch (err) { return; }
+  s.lastHeard = performance.now();
+  if (msg.type === 'ack' && typeof msg.t === 'number') {
+    s.ackT = Math.max(s.ackT ?? 0, msg.t);
+  } else if (msg.type === 'live_from' && s.catchUpFrom !== null && !s.catchingUp) {
+    sendCatchUp(s, channel, s.catchUpFrom, msg.t, stale);
+  } else if (msg.type === 'error') {
+    console.warn('recovery channel:', msg.error);
+  }
+}
+
+// What the server had not acknowledged when the last connection broke, up to where this
+// connection's live audio starts, paced under the server's limit.
+async function sendCatchUp(s, channel, from, to, stale) {
+  s.catchingUp = true;
+  const start = Math.max(from, s.kept.oldest);
+  if (start > from) console.warn(`catch-up: ${(start - from).toFixed(1)} s were no longer kept`);
+  try {
+    channel.send(JSON.stringify({ type: 'catchup', from: start }));
+    const began = performance.now();
+    for (let t = start; t < to && !stale() && channel.readyState === 'open';) {
+      const end = Math.min(to, t + CATCH_UP_PIECE_S);
+      channel.send(s.kept.slice(t, end).buffer);
+      t = end;
+      setStatus(`connected — sending what you said while offline (${Math.ceil(to - t)} s left)`, 'connected');
+      const ahead = (t - start) / CATCH_UP_RATE - (performance.now() - began) / 1000;
+      if (ahead > 0) await sleep(ahead * 1000);
+    }
+    if (!stale() && channel.readyState === 'open') {
+      channel.send(JSON.stringify({ type: 'caught_up' }));
+      s.catchUpFrom = null;
+      setStatus('connected — speak', 'connected');
+    }
+  } catch (err) {
+    console.warn('catch-up interrupted:', err); // the next connection sends it again
+  } finally {
+    s.catchingUp = false;
+  }
+}
+
+function openRecovery(s, pc, stale) {
+  const channel = pc.createDataChannel('recovery', { ordered: true });
+  channel.binaryType = 'arraybuffer';
+  s.channel = channel;
+  channel.addEventListener('open', () => {
+    s.lastHeard = performance.now();
+    const mark = () => {
+      if (!stale() && channel.readyState === 'open') channel.send(JSON.stringify({ type: 'mark', t: s.kept.now }));
+    };
+    mark();
+    s.markTimer = setInterval(mark, MARK_EVERY_MS);
+    s.heartbeatTimer = setInterval(() => {
+      if (!stale() && s.serverKeeps && performance.now() - s.lastHeard > HEARTBEAT_MS) retry(s, 'the server stopped answering');
+    }, 500);
+  });
+  channel.addEventListener('message', (e) => { if (!stale()) onRecoveryMessage(s, pc, channel, e.data, stale); });
+}
+
 // --- WebRTC ------------------------------------------------------------------------------
 
 async function loadIceServers() {
@@ -116,15 +273,19 @@ class OfferError extends Error {
   get retryable() { return !this.status || this.status >= 500 || this.status === 429 || this.status === 408; }
 }
 
+const OFFER_TIMEOUT_MS = 10000; // a network that drops everything would hold a fetch for minutes
+
 async function postOffer(s, description) {
   let resp;
   try {
     resp = await fetch(`/api/rooms/${encodeURIComponent(room)}/offer`, {
       method: 'POST',
+      signal: AbortSignal.timeout(OFFER_TIMEOUT_MS),
       headers: { 'Content-Type': 'application/json' },
       body: JSON.stringify({
         token, sdp: description.sdp, type: description.type,
         student_name: s.name, ...(s.identity || {}),
+        ...(s.keeper ? { recovery: { catch_up: s.catchUpFrom !== null } } : {}),
       }),
     });
   } catch (err) {
@@ -141,7 +302,7 @@ async function connect(s) {
   const attempt = ++s.attempt;
   // Anything that awaits may come back after Leave or after a newer attempt took over.
   const stale = () => session !== s || attempt !== s.attempt;
-  setStatus(s.connectedOnce ? 'reconnecting…' : 'connecting…', 'connecting');
+  setStatus(s.connectedOnce ? 'reconnecting… your speech is kept' : 'connecting…', 'connecting');
   try {
     const servers = await loadIceServers();
     if (stale()) return;
@@ -149,6 +310,11 @@ async function connect(s) {
     s.pc = pc;
     pc.addTransceiver(s.track, { direction: 'sendonly', streams: [s.stream] });
     pc.addEventListener('connectionstatechange', () => { if (!stale()) onConnectionState(s, pc); });
+    // Everything since the last ack goes again; before the first ack, all that is kept.
+    if (s.keeper) {
+      if (s.connectedOnce) s.catchUpFrom = s.ackT ?? s.kept.oldest;
+      openRecovery(s, pc, stale);
+    }
 
     await pc.setLocalDescription(await pc.createOffer());
     await iceGatheringDone(pc, ICE_GATHER_TIMEOUT_MS);
@@ -160,6 +326,8 @@ async function connect(s) {
       s.identity = { student_id: answer.student_id, resume: answer.resume };
       sessionStorage.setItem(idKey, JSON.stringify(s.identity));
     }
+    s.serverKeeps = answer.recovery === true; // an older server: no acks, no heartbeat, no catch-up
+    if (!s.serverKeeps) s.catchUpFrom = null;
     await pc.setRemoteDescription({ type: 'answer', sdp: answer.sdp });
     if (stale()) return;
     s.watchdog = setTimeout(() => {
@@ -182,10 +350,10 @@ function onConnectionState(s, pc) {
       clearTimeout(s.watchdog);
       s.backoffS = 1;
       s.connectedOnce = true;
-      setStatus('connected — speak', 'connected');
+      if (!s.catchingUp) setStatus('connected — speak', 'connected');
       break;
     case 'disconnected':
-      setStatus('weak network — holding on…', 'unstable');
+      setStatus('weak network — holding on… your speech is kept', 'unstable');
       clearTimeout(s.disconnectTimer);
       s.disconnectTimer = setTimeout(() => {
         if (pc.connectionState === 'disconnected') retry(s, 'connection lost');
@@ -200,6 +368,9 @@ function onConnectionState(s, pc) {
 function closePeer(s) {
   clearTimeout(s.disconnectTimer);
   clearTimeout(s.watchdog);
+  clearInterval(s.markTimer);
+  clearInterval(s.heartbeatTimer);
+  s.channel = null;
   if (s.pc) s.pc.close(); // closes the transport only; the microphone track stays live
   s.pc = null;
 }
@@ -211,7 +382,7 @@ function retry(s, reason, minDelayS = 0) {
   closePeer(s);
   const delayS = Math.min(Math.max(s.backoffS, minDelayS), 60);
   s.backoffS = Math.min(s.backoffS * 2, MAX_BACKOFF_S);
-  setStatus(`reconnecting… (${reason}; next try in ${delayS} s)`, 'reconnecting');
+  setStatus(`reconnecting… your speech is kept (${reason}; next try in ${delayS} s)`, 'reconnecting');
   s.retryTimer = setTimeout(() => {
     s.retryTimer = null;
     connect(s);
@@ -238,7 +409,9 @@ async function join(event) {
   const s = {
     name, identity: savedIdentity(), attempt: 0, backoffS: 1, connectedOnce: false,
     pc: null, stream: null, track: null, meterFrame: 0,
-    retryTimer: null, disconnectTimer: null, watchdog: null,
+    retryTimer: null, disconnectTimer: null, watchdog: null, markTimer: null, heartbeatTimer: null,
+    kept: new KeptAudio(), keeper: null, channel: null, serverKeeps: false, lastHeard: 0,
+    ackT: null, catchUpFrom: null, catchingUp: false,
     // Created inside the click so the autoplay policy lets it run.
     audioCtx: new AudioContext(),
   };
@@ -262,11 +435,19 @@ async function join(event) {
   s.track.addEventListener('ended', () => stop(s, 'The microphone stopped (unplugged or blocked). Press Join to start again.', 'error'));
   s.audioCtx.resume();
   startMeter(s);
+  try {
+    await startKeeping(s);
+  } catch (err) { // without an AudioWorklet the page still works, it just keeps nothing
+    console.warn('the microphone audio is not kept:', err);
+  }
+  if (session !== s) return;
   connect(s);
 }
 
 function stop(s, message, state) {
   if (session !== s) return;
+  // A goodbye: the server flushes the last speech at once instead of keeping it for a reconnect.
+  if (s.channel?.readyState === 'open') s.channel.send(JSON.stringify({ type: 'bye' }));
   session = null;
   clearTimeout(s.retryTimer);
   closePeer(s);

@@ -1,0 +1,54 @@
+"""A lesson's worth of one student's speech for the recovery tests: sentences with pauses between,
+as PCM16, and a way to check that each reached the teacher exactly once, in order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from engines.audio import load_audio
+from benchmarks.scoring import edit_distance, normalize_en
+
+DATA = Path(__file__).resolve().parent / "data"
+SENTENCES = [*sorted((DATA / "librivox").glob("*.wav")), *sorted((DATA / "flite").glob("flite_*.wav"))]
+PAUSE_S = 1.5  # between sentences: three hangovers, so that each is an utterance of its own
+
+
+def track(paths: list[Path] = SENTENCES, lead_s: float = 1.0, tail_s: float = 2.0) -> tuple[np.ndarray, list[str], list[float]]:
+    """The sentences' audio in one float32 16 kHz track, their texts, and where each starts (s)."""
+    parts, texts, starts, at = [np.zeros(int(lead_s * 16000), np.float32)], [], [], lead_s
+    for path in paths:
+        audio = load_audio(path)
+        starts.append(at)
+        texts.append(path.with_suffix(".txt").read_text().strip())
+        parts += [audio, np.zeros(int(PAUSE_S * 16000), np.float32)]
+        at += audio.size / 16000 + PAUSE_S
+    parts.append(np.zeros(int(tail_s * 16000), np.float32))
+    return np.concatenate(parts), texts, starts
+
+
+def pcm16(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def agreement(said: str, heard: str) -> float:
+    """The share of a sentence's words the transcript has right (1 - its word error rate, floored)."""
+    ref = normalize_en(said).split()
+    return max(0.0, 1 - edit_distance(ref, normalize_en(heard).split()) / max(1, len(ref)))
+
+
+def match_sentences(texts: list[str], finals: list[str]) -> list[int]:
+    """For each final (in order), the sentence it says (-1: none): a transcript matches the
+    sentence whose words it gets most of right, if that is over half."""
+    out = []
+    for heard in finals:
+        scores = [agreement(said, heard) for said in texts]
+        best = int(np.argmax(scores))
+        out.append(best if scores[best] > 0.5 else -1)
+    return out
+
+
+def wer(texts: list[str], finals: list[str]) -> float:
+    ref = normalize_en(" ".join(texts)).split()
+    return edit_distance(ref, normalize_en(" ".join(finals)).split()) / len(ref)

@@ -1,0 +1,192 @@
+"""Nothing a student says is lost across a break (issue 17), with clients that keep their audio:
+the load simulator's WebSocket students here (the student page over WebRTC: tests/test_browser_recovery.py).
+
+A real `serve --redis-url` is SIGKILLed while a student speaks and started again: the student
+reconnects, sends what the server had not acknowledged, and every sentence reaches the class
+transcript once, in order. The unit tests pin the parts: the segmenter's safe point, the stream
+clock, a copy of a published utterance suppressed by both queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import aiohttp
+import numpy as np
+import pytest
+
+from streamserver.audio.pipeline import StudentAudio
+from streamserver.audio.segmenter import UtteranceSegmenter
+from streamserver.audio.timeline import StreamClock
+from streamserver.bus.memory import MemoryBus
+from streamserver.bus.ordered import OrderedPublisher
+from streamserver.events import TranscriptEvent, Utterance, now
+from streamserver.loadsim.clients import create_room, link_param
+from streamserver.loadsim.ws_student import WsStudent
+from streamserver.queue.base import covered
+from streamserver.queue.memory_queue import MemoryQueue
+from streamserver.queue.redis_queue import RedisQueue
+from tests.recovery_track import match_sentences, pcm16, track, wer
+from tests.server_process import ADMIN_TOKEN, ServerProcess, free_port
+
+
+def test_the_safe_point_is_the_start_of_the_speech_in_progress(librivox):
+    audio = librivox[1][1]
+    emitted = []
+    seg = UtteranceSegmenter(on_utterance=emitted.append)
+    silence = np.zeros(16000, np.int16)
+    seg.feed(silence)
+    assert seg.safe_sample > 16000 - 16000 // 2  # idle: only the pre-roll and start window are held
+    seg.feed(pcm16_array(audio[: audio.size // 2]))
+    assert seg.speaking and seg.safe_sample < 16000  # the utterance began within the first second's pre-roll
+    held_at = seg.safe_sample
+    seg.feed(pcm16_array(audio[audio.size // 2 :]))
+    seg.feed(silence)
+    [speech] = emitted
+    assert speech.first_sample == held_at  # what was held is where the utterance starts
+    assert seg.safe_sample >= speech.first_sample + speech.audio.size  # after it: safe (once published)
+
+
+def pcm16_array(audio: np.ndarray) -> np.ndarray:
+    return (np.clip(audio, -1, 1) * 32767).astype(np.int16)
+
+
+def test_the_stream_clock_places_runs_and_marks():
+    clock = StreamClock()
+    clock.add_run(0, 10.0)
+    assert clock.at(16000) == pytest.approx(11.0)
+    clock.add_run(32000, None)  # live audio: placed by the first mark
+    assert clock.at(32000) is None
+    clock.place(40.0)
+    clock.place(50.0)  # the first mark decides
+    assert clock.at(48000) == pytest.approx(41.0) and clock.at(16000) == pytest.approx(11.0)
+
+
+def test_live_audio_waits_behind_a_catch_up_and_follows_it(librivox):
+    """The VAD sees the catch-up, then the live audio held meanwhile: one stream, in order."""
+    emitted: list[Utterance] = []
+    audio = StudentAudio("r", "s", "Ann", "en", emitted.append, pacer=_unpaced())
+    audio.keep(catch_up=True)
+    sentence = pcm16_array(librivox[1][1])
+    silence = np.zeros(16000, np.int16)
+    audio.push_pcm16(silence)  # live, held
+    assert audio.mark(50.0) == pytest.approx(49.0)  # 1 s of live audio received before the mark at 50 s
+    audio.start_catch_up(40.0, pacer=_unpaced())
+    for piece in np.array_split(np.concatenate([silence, sentence, silence]), 20):
+        audio.push_catch_up(piece)
+    assert len(emitted) == 1 and emitted[0].recovered
+    assert emitted[0].stream_span[0] == pytest.approx(41.0, abs=0.35)  # the sentence began 1 s into the catch-up
+    audio.push_pcm16(sentence)  # live, still held
+    audio.end_catch_up()
+    audio.push_pcm16(np.concatenate([silence, silence]))
+    assert len(emitted) == 2 and not emitted[1].recovered
+    assert emitted[1].stream_span[0] == pytest.approx(50.0, abs=0.35)  # after the held second of silence
+    assert audio.ack() is not None and audio.ack() <= emitted[0].stream_span[0]  # nothing published yet
+    audio.settle({u.utterance_id for u in emitted})
+    assert audio.ack() >= emitted[1].stream_span[1]
+
+
+def _unpaced():
+    from streamserver.audio.pacing import Pacer
+
+    return Pacer(rate=1000.0, burst_s=1000.0, initial_s=1000.0)
+
+
+def _final(span: tuple[float, float], recovered: bool) -> TranscriptEvent:
+    u = Utterance(uuid_hex(), "r", "s", "Ann", "en", np.zeros(160, np.float32), now(), now(),
+                  stream_span=span, recovered=recovered)
+    return TranscriptEvent.of(u, "hello", "en")
+
+
+def uuid_hex() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
+
+
+def test_a_copy_of_a_published_utterance_is_not_published_again(redis_url):
+    """Both queues: the same speech sent again (its span on the student's clock covered by a
+    published one) publishes nothing; speech next to it does."""
+    assert covered([(10.0, 13.0)], 10.2, 12.9) and not covered([(10.0, 13.0)], 13.1, 15.0)
+
+    async def body() -> None:
+        bus = MemoryBus()
+        memory = MemoryQueue(OrderedPublisher(bus))
+        redis_queue = RedisQueue(redis_url, "w")
+        for queue in (memory, redis_queue):
+            assert await queue.claim(_final((10.0, 13.0), False))
+            assert not await queue.claim(_final((10.1, 12.8), True))  # the copy
+            assert await queue.claim(_final((14.0, 16.0), True))  # recovered, new
+            copy = _final((14.05, 16.1), True)
+            assert not await queue.claim(copy)
+            assert await queue.done_of([copy.utterance_id]) == {copy.utterance_id}  # settled: no resending
+        await redis_queue.close()
+
+    asyncio.run(body())
+
+
+async def _speak_through_a_crash(url: str, audio: np.ndarray, restart) -> tuple[WsStudent, dict]:  # noqa: ANN001
+    """One student speaking `audio` in real time; `restart()` (in a thread) at 40 % of it."""
+    async with aiohttp.ClientSession() as session:
+        room = await create_room(session, url, ADMIN_TOKEN, "recovery class", "en")
+        student = WsStudent(session, url, room, "Ann", "", keeps=True)
+        await student.connect()
+        pcm = pcm16(audio)
+        frame = 640  # 20 ms
+        began = time.monotonic()
+        crash = None
+        for i, at in enumerate(range(0, len(pcm), frame)):
+            await student.send(pcm[at : at + frame])
+            if crash is None and at >= 0.4 * len(pcm):
+                crash = asyncio.create_task(asyncio.to_thread(restart))
+            delay = began + (i + 1) * 0.02 - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        if crash is not None:
+            await crash
+        await student.close()
+        return student, room
+
+
+def _finals(url: str, room: dict, expected: int, timeout_s: float = 90) -> list[dict]:
+    import json
+    import urllib.request
+
+    token = link_param(room["teacher_url"], "token")
+    deadline = time.time() + timeout_s
+    while True:
+        with urllib.request.urlopen(f"{url}/api/rooms/{room['room_id']}/transcript?format=json&token={token}") as r:
+            finals = json.load(r)["transcripts"]
+        if len(finals) >= expected or time.time() > deadline:
+            return finals
+        time.sleep(1.0)
+
+
+def test_a_server_killed_while_a_student_speaks_loses_nothing(redis_url):
+    """SIGKILL of `serve --redis-url` mid-sentence, started again 3 s later on the same port: every
+    sentence once, in order, the ones around the crash marked recovered."""
+    audio, texts, _starts = track()
+    port = free_port()
+    servers = [ServerProcess("--redis-url", redis_url, port=port)]
+
+    def restart() -> None:
+        servers[0].proc.send_signal(signal.SIGKILL)
+        servers[0].proc.wait(10)
+        time.sleep(3)
+        servers.append(ServerProcess("--redis-url", redis_url, port=port))
+
+    try:
+        student, room = asyncio.run(_speak_through_a_crash(servers[0].url, audio, restart))
+        finals = _finals(servers[-1].url, room, len(texts))
+    finally:
+        for server in servers:
+            server.stop()
+    heard = [f["text"] for f in finals]
+    print(f"reconnects {student.reconnects}, resent {student.resent_s:.1f} s, WER {wer(texts, heard):.3f}, "
+          f"recovered {sum(bool(f.get('recovered')) for f in finals)} of {len(finals)}")
+    assert student.reconnects >= 1 and student.resent_s > 0
+    assert match_sentences(texts, heard) == list(range(len(texts))), heard
+    assert any(f.get("recovered") for f in finals)
+    assert wer(texts, heard) < 0.15
