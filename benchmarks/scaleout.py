@@ -120,8 +120,13 @@ def main() -> int:
     p.add_argument("--kill-at", type=float, help="SIGKILL worker 0 this many seconds into the run")
     p.add_argument("--restart-after", type=float, help="start a replacement worker this long after the kill "
                    "(what a supervisor such as docker's restart policy does)")
+    p.add_argument("--kill-gateway-at", type=float, metavar="S",
+                   help="SIGKILL gateway 0 this many seconds into the run (needs --gateways >= 2): its students, who keep "
+                   "their audio, reconnect through the next gateway and send again what was not acknowledged")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    if args.kill_gateway_at is not None and args.gateways < 2:
+        p.error("--kill-gateway-at needs --gateways >= 2 (its students reconnect through another)")
 
     if args.gateways < 1 or not 1 <= args.loadsim_processes <= args.students:
         p.error("need --gateways >= 1 and 1 <= --loadsim-processes <= --students")
@@ -179,8 +184,15 @@ def main() -> int:
                    "--transport", args.transport, "--processes", str(args.loadsim_processes), "--report", str(args.out)],
             env={**env, "STREAMSERVER_ADMIN_TOKEN": token},
         )
-        killed = None
+        killed = gateway_killed = None
         started = time.time()
+        if args.kill_gateway_at is not None:
+            while sim.poll() is None and time.time() - started < args.kill_gateway_at:
+                time.sleep(0.2)
+            gateways[0][0].send_signal(signal.SIGKILL)
+            gateway_killed = {"gateway": "gateway-0", "at_s": round(time.time() - started, 1), "signal": "SIGKILL"}
+            print(f"killed gateway-0 at {gateway_killed['at_s']}s", file=sys.stderr, flush=True)
+            gateways = gateways[1:]  # its metrics are gone with it
         if args.kill_at is not None:
             while sim.poll() is None and time.time() - started < args.kill_at:
                 time.sleep(0.2)
@@ -202,7 +214,7 @@ def main() -> int:
             "gateways": args.gateways, "workers": args.workers, "threads_per_worker": args.threads, "max_batch": args.max_batch, "model": args.model,
             "backend": args.backend, "worker_args": args.worker_args, "vad_hangover_ms": args.vad_hangover_ms or SegmenterConfig.hangover_ms,
             "loadsim_processes": args.loadsim_processes, "ready_after_s": ready_s,
-            "ort_spin": env.get("STREAMSERVER_ORT_SPIN", "0 (the worker default)"), "killed": killed, "loadsim_exit": rc, "cpus": os.cpu_count(),
+            "ort_spin": env.get("STREAMSERVER_ORT_SPIN", "0 (the worker default)"), "killed": killed, "gateway_killed": gateway_killed, "loadsim_exit": rc, "cpus": os.cpu_count(),
             "command": " ".join(sys.argv),
         }
         report["hint_counters"] = counters  # live captions and speculative finals, as the processes count them

@@ -9,6 +9,7 @@ so the VAD sees one stream in the order it was spoken.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
@@ -21,6 +22,8 @@ from streamserver.audio.resample import To16kMono
 from streamserver.audio.segmenter import SegmentedSpeech, SegmenterConfig, UtteranceSegmenter
 from streamserver.audio.timeline import StreamClock
 from streamserver.events import Utterance, audio_digest, now
+
+log = logging.getLogger(__name__)
 
 # Live audio waits this long for a catch-up to begin, and then for each next piece of it; a page
 # that goes quiet mid-way loses the rest of its catch-up, never its live audio.
@@ -151,6 +154,8 @@ class StudentAudio:
         """The catch-up is over (or given up): the held live audio follows it."""
         if self._held is None:
             return
+        if self._catch_up_pacer is None:
+            log.warning("student %s announced a catch-up but sent none: its live audio goes on", self.student_id)
         held, self._held = self._held, None
         self._recovered_before = self._fed
         for pcm in held:

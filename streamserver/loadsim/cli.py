@@ -42,6 +42,9 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=1, metavar="P",
                    help="spread the students over P processes (one sends ~1,500 streams of 20 ms frames at most)")
     p.add_argument("--seed", type=int, default=0, help="turn-taking and clip choice")
+    p.add_argument("--no-keep-audio", dest="keep_audio", action="store_false",
+                   help="WebSocket students keep nothing: a broken stream ends the student (default: like the student page, "
+                   "each keeps its audio, reconnects through the next --url and sends again what was not acknowledged)")
     p.add_argument("--drain", type=float, default=30.0, metavar="S", help="longest wait for outstanding transcripts at the end")
     p.add_argument("--report", type=Path, required=True, metavar="DIR", help="where report.json and the plots go")
     p.set_defaults(handler=main)
@@ -81,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
         urls=[u.rstrip("/") for u in args.url], students=args.students, duration_s=args.duration, admin_token=os.environ["STREAMSERVER_ADMIN_TOKEN"],
         speak_ratio=args.speak_ratio, transport=args.transport, webrtc_students=args.webrtc_students, rooms=args.rooms,
         language=args.language, frame_ms=args.frame_ms, seed=args.seed, drain_s=args.drain, processes=args.processes,
-        webrtc_client=args.webrtc_client,
+        webrtc_client=args.webrtc_client, keep_audio=args.keep_audio,
     )
     try:
         with asyncio.Runner(loop_factory=DrainingEventLoop) as runner:  # UDP read as the server reads it (transport/udp.py)
@@ -89,14 +92,15 @@ def main(args: argparse.Namespace) -> int:
     except (AssertionError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:  # no rooms or no feed: no run
         print(f"loadsim: error: could not set up the class on {', '.join(config.urls)}: {type(error).__name__}: {error}", file=sys.stderr)
         return 2
-    summary = {k: result[k] for k in ("utterances_sent", "transcripts_received", "duplicates", "lost", "lost_vs_queued", "never_queued",
+    summary = {k: result[k] for k in ("utterances_sent", "transcripts_received", "duplicates", "copies", "recovered", "reconnects", "lost", "lost_vs_queued", "never_queued",
                                       "clips_unsent", "join_failures", "busy_rejections", "disconnects", "ice_consent_expired",
                                       "simulator_max_lag_s", "latency_s", "latency_from_clip_end_s", "partials_received",
                                       "partial_first_s", "partial_gap_s", "partial_agreement")}
     print(json.dumps(summary), flush=True)
     print(f"loadsim: clips sent {result['utterances_sent']}, transcripts {result['transcripts_received']}, lost {result['lost']}"
           f" (queued without transcript {_or_dash(result['lost_vs_queued'])}, never queued {_or_dash(result['never_queued'])}),"
-          f" duplicates {result['duplicates']}, clips not sent {result['clips_unsent']}, connections lost {result['disconnects']}"
+          f" duplicates {result['duplicates']} (copies of one speech {result['copies']}), recovered {result['recovered']}"
+          f" after {result['reconnects']} reconnects, clips not sent {result['clips_unsent']}, connections lost {result['disconnects']}"
           f" (ICE consent expired on the students' side {result['ice_consent_expired']}), simulator lag {result['simulator_max_lag_s']} s",
           file=sys.stderr, flush=True)
     first = result["partial_first_s"]

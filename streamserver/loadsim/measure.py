@@ -39,7 +39,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MAX_ERRORS = 20  # distinct join/stream errors kept for the report
-COUNTERS = ("join_failures", "busy_rejections", "disconnects", "clips_unsent", "ice_consent_expired")
+COUNTERS = ("join_failures", "busy_rejections", "disconnects", "clips_unsent", "ice_consent_expired", "reconnects")
+# Two transcripts of one student whose speech overlaps this much (of the shorter) are one speech
+# published twice, whatever their utterance ids say: a student never says two things at once.
+COPY_OVERLAP = 0.5
 
 
 @dataclass
@@ -57,7 +60,11 @@ class Tally:
     received_at: dict[str, list[tuple[float, float, str]]] = field(default_factory=dict)
     queued: set[str] = field(default_factory=set)
     queued_by_student: Counter = field(default_factory=Counter)
-    duplicates: int = 0
+    duplicates: int = 0  # transcripts of an utterance (or a speech: copies) received again
+    copies: int = 0  # of them, transcripts with ids of their own over a speech already transcribed
+    recovered: int = 0  # transcripts of speech sent again after a break (their `recovered` flag)
+    reconnects: int = 0  # students' reconnects after a break (students that keep their audio)
+    spoken: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # student -> (start_ts, end_of_speech_ts)
     connected: int = 0
     join_failures: int = 0
     busy_rejections: int = 0
@@ -140,6 +147,16 @@ class Tally:
                 if not replayed:  # a history replay after a reconnect repeats what we saw
                     self.duplicates += 1
                 return
+            span = (float(event["start_ts"]), float(event["end_of_speech_ts"]))
+            mine = self.spoken.setdefault(event["student_id"], [])
+            if any(min(span[1], e) - max(span[0], s) >= COPY_OVERLAP * max(1e-3, min(span[1] - span[0], e - s))
+                   for s, e in mine):
+                self.copies += 1  # not a transcript of a clip: one counted already
+                self.duplicates += 1
+                return
+            mine.append(span)
+            if event.get("recovered"):
+                self.recovered += 1
             if uid in self.last_partial:
                 self.partial_agreement.append(word_agreement(self.last_partial.pop(uid)[1], event.get("text", "")))
             self.transcripts[uid] = (received - self.t0, received - float(event["end_of_speech_ts"]))

@@ -24,6 +24,9 @@ def build(settings: dict[str, Any], tally: Tally, timeline: list[dict], metrics_
         "utterances_queued": len(tally.queued) if tally.queued else None,
         "transcripts_received": len(tally.transcripts),
         "duplicates": tally.duplicates,
+        "copies": tally.copies,  # of them: one student's speech transcribed twice under two ids (measure.py)
+        "recovered": tally.recovered,  # transcripts of speech a student sent again after a break
+        "reconnects": tally.reconnects,
         "lost": tally.lost(),  # clips sent with no transcript, per student (measure.py)
         "lost_vs_queued": tally.lost_vs_queued(),  # utterances the gateway announced with no transcript
         "never_queued": tally.never_queued(),  # clips sent the gateway never announced as utterances

@@ -41,10 +41,12 @@ class LoadConfig:
     seed: int = 0
     drain_s: float = 30.0  # the longest wait for transcripts still due at the end
     processes: int = 1  # students spread over this many child processes (child.py); 1: in this one
+    keep_audio: bool = True  # WebSocket students keep their audio and send it again after a break, as the page
 
     def settings(self) -> dict[str, Any]:
         """What the report repeats of the run's configuration (never the admin token)."""
-        keep = ("urls", "students", "rooms", "transport", "webrtc_students", "webrtc_client", "speak_ratio", "language", "frame_ms", "seed", "processes")
+        keep = ("urls", "students", "rooms", "transport", "webrtc_students", "webrtc_client", "speak_ratio", "language", "frame_ms", "seed", "processes",
+                "keep_audio")
         return {"duration_s": self.duration_s, **{k: v for k, v in asdict(self).items() if k in keep}}
 
 
@@ -84,7 +86,7 @@ class Run:
             sampler = asyncio.create_task(self._sample(session))
             webrtc = [c.transport == "webrtc" or i < c.webrtc_students for i in range(c.students)]
             plan = StudentPlan(rooms, self.tally.t0 + c.duration_s, c.speak_ratio, c.frame_ms, c.seed, webrtc,
-                               webrtc_client=c.webrtc_client)
+                               webrtc_client=c.webrtc_client, keep_audio=c.keep_audio, urls=c.urls)
             if c.processes > 1:
                 await self._students_elsewhere(plan)
             else:
@@ -130,14 +132,17 @@ class Run:
     async def _feed(self, session: aiohttp.ClientSession, room: dict, opened: asyncio.Event) -> None:
         """The room's teacher dashboard for the whole run; reconnects (and replays the room's
         history) when the server drops it."""
+        url = room["url"]
         while True:
             dashboard = Dashboard(self.tally.feed_event)
             try:
-                await dashboard.open(session, room["url"], room)
+                await dashboard.open(session, url, room)
                 opened.set()
                 await dashboard.closed()
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
                 self.tally.error("feed", f"{type(error).__name__}: {error}")
+                urls = self.config.urls  # a gateway gone: its rooms are served by the others (Redis)
+                url = urls[(urls.index(url) + 1) % len(urls)]
             finally:
                 await dashboard.close()
             await asyncio.sleep(1.0)

@@ -43,6 +43,8 @@ class StudentPlan:
     webrtc: list[bool]  # per student index: over WebRTC rather than the WebSocket ingest
     join_concurrency: int = 32  # handshakes in flight at once, per pool
     webrtc_client: str = "packets"  # one of WEBRTC_CLIENTS
+    keep_audio: bool = True  # WebSocket students keep their audio and send it again after a break
+    urls: list[str] | None = None  # every server of the run: a student whose server is gone reconnects through the next
 
 
 class StudentPool:
@@ -93,7 +95,10 @@ class StudentPool:
 
     async def _ws_student(self, session: aiohttp.ClientSession, index: int, room: dict, joins: asyncio.Semaphore,
                           rng: random.Random) -> None:
-        student = WsStudent(session, room["url"], room, f"student {index + 1}", "")
+        urls = self.plan.urls or [room["url"]]
+        at = urls.index(room["url"]) if room["url"] in urls else 0
+        student = WsStudent(session, room["url"], room, f"student {index + 1}", "", keeps=self.plan.keep_audio,
+                            urls=urls[at:] + urls[:at])
         async with joins:
             await student.connect()
         self.tally.connected += 1
@@ -104,6 +109,7 @@ class StudentPool:
             self.tally.connected -= 1
             self.tally.speaking.discard(student.student_id)
             await student.close()
+            self.tally.reconnects += student.reconnects
         if student.closed_by_server:
             self.tally.disconnects += 1
             self.tally.error("stream", student.closed_by_server)

@@ -56,11 +56,19 @@ def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 def filter_offer(sdp: str, policy: CandidatePolicy) -> str:
     """The offer with only allowed candidates; TooManyCandidates when it names too many."""
     lines = sdp.splitlines()
-    candidates = [line for line in lines if line.startswith("a=candidate:")]
+    # Counted by the address they name: a bundled offer (audio and the page's data channel)
+    # repeats the same candidates in each of its media sections.
+    candidates = {_endpoint(line) for line in lines if line.startswith("a=candidate:")}
     if len(candidates) > policy.max_candidates:
         raise TooManyCandidates(f"the offer has {len(candidates)} ICE candidates; at most {policy.max_candidates} are accepted")
     kept = [line for line in lines if not line.startswith("a=candidate:") or _allowed(line, policy)]
     return "\r\n".join(kept) + "\r\n"
+
+
+def _endpoint(line: str) -> tuple[str, ...]:
+    """What a candidate line names: transport, address, port."""
+    fields = line.split()
+    return (fields[2].lower(), fields[4], fields[5]) if len(fields) >= 6 else (line,)
 
 
 def _allowed(line: str, policy: CandidatePolicy) -> bool:

@@ -71,8 +71,10 @@ def handle(audio: StudentAudio, message: str | bytes, send: Callable[[dict], Non
         if not audio.catching_up:
             raise ChannelError("a catch-up needs an offer that announced it (recovery.catch_up)")
         audio.start_catch_up(_time(body, "from"), pacer())
+        log.info("student %s sends its audio again from %.1f s of its clock", audio.student_id, body["from"])
     elif kind == "caught_up":
         audio.end_catch_up()
+        log.info("student %s caught up", audio.student_id)
     elif kind == "bye":
         audio.said_bye = True
     else:

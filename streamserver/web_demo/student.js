@@ -93,51 +93,6 @@ function resetMeter() {
 
 // --- the audio the page keeps ---------------------------------------------------------------
 
-// The microphone at 16 kHz mono, low-passed and decimated in an AudioWorklet (any device rate).
-const KEEPER_WORKLET = `
-class Keeper extends AudioWorkletProcessor {
-  constructor() {
-    super();
-    const taps = 33, cutoff = 7000 / sampleRate;
-    this.h = new Float32Array(taps);
-    let sum = 0;
-    for (let i = 0; i < taps; i++) {
-      const x = i - (taps - 1) / 2;
-      const sinc = x === 0 ? 2 * cutoff : Math.sin(2 * Math.PI * cutoff * x) / (Math.PI * x);
-      this.h[i] = sinc * (0.54 - 0.46 * Math.cos(2 * Math.PI * i / (taps - 1)));
-      sum += this.h[i];
-    }
-    for (let i = 0; i < taps; i++) this.h[i] /= sum;
-    this.hist = new Float32Array(taps);
-    this.at = 0;
-    this.seen = 0;
-    this.next = 0;
-    this.step = sampleRate / ${RATE};
-    this.out = new Float32Array(320);
-    this.fill = 0;
-  }
-  process(inputs) {
-    const ch = inputs[0] && inputs[0][0];
-    const frames = ch ? ch.length : 128; // no input yet: silence keeps the clock going
-    const L = this.hist.length;
-    for (let i = 0; i < frames; i++) {
-      this.hist[this.at] = ch ? ch[i] : 0;
-      this.at = (this.at + 1) % L;
-      this.seen++;
-      while (this.next < this.seen) {
-        let acc = 0;
-        for (let k = 0; k < L; k++) acc += this.h[k] * this.hist[(this.at + k) % L];
-        this.out[this.fill++] = acc;
-        if (this.fill === this.out.length) { this.port.postMessage(this.out.slice(0)); this.fill = 0; }
-        this.next += this.step;
-      }
-    }
-    return true;
-  }
-}
-registerProcessor('keeper', Keeper);
-`;
-
 class KeptAudio {
   constructor() {
     this.buf = new Int16Array(KEEP_S * RATE);
@@ -164,9 +119,7 @@ class KeptAudio {
 }
 
 async function startKeeping(s) {
-  const url = URL.createObjectURL(new Blob([KEEPER_WORKLET], { type: 'application/javascript' }));
-  await s.audioCtx.audioWorklet.addModule(url);
-  URL.revokeObjectURL(url);
+  await s.audioCtx.audioWorklet.addModule('/static/keeper-worklet.js'); // 16 kHz pieces of the microphone
   const node = new AudioWorkletNode(s.audioCtx, 'keeper');
   node.port.onmessage = (e) => s.kept.push(e.data);
   const mute = s.audioCtx.createGain(); // pulled by the destination, heard by no one
@@ -306,7 +259,9 @@ async function connect(s) {
   try {
     const servers = await loadIceServers();
     if (stale()) return;
-    const pc = new RTCPeerConnection({ iceServers: servers });
+    // max-bundle: the audio and the recovery channel share one transport, so the offer names
+    // one set of candidates (the server accepts at most 10)
+    const pc = new RTCPeerConnection({ iceServers: servers, bundlePolicy: 'max-bundle' });
     s.pc = pc;
     pc.addTransceiver(s.track, { direction: 'sendonly', streams: [s.stream] });
     pc.addEventListener('connectionstatechange', () => { if (!stale()) onConnectionState(s, pc); });

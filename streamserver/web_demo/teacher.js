@@ -184,6 +184,12 @@ function renderTranscript(ev, intent) {
   meta.append(latencyEl);
 
   if (intent.label) meta.append(intentBadge(intent)); // not sure: no badge
+  if (ev.recovered) { // spoken during a break of the student's connection, sent again by their page
+    item.classList.add('recovered');
+    const badge = el('span', 'recovered-badge', 'recovered');
+    badge.title = 'Said while the student\'s connection was broken; their page kept it and sent it again (the time is when it was said)';
+    meta.append(badge);
+  }
 
   item.append(meta, textOf(ev));
   return item;
