@@ -88,6 +88,30 @@ def test_live_audio_waits_behind_a_catch_up_and_follows_it(librivox):
     assert audio.ack() >= emitted[1].stream_span[1]
 
 
+def test_bad_recovery_messages_get_a_clear_error_and_never_hold_live_audio():
+    from streamserver.audio.pacing import Pacer, TooFast
+    from streamserver.transport.recovery import ChannelError, handle
+
+    sent: list[dict] = []
+    audio = StudentAudio("r", "s", "Ann", "en", lambda u: None, pacer=_unpaced())
+    audio.keep(catch_up=False)
+    for bad in ("not json", "[1]", '{"type": "mark", "t": "soon"}', '{"type": "mark", "t": -1}', '{"type": "dance"}',
+                '{"type": "catchup", "from": 1}', "x" * 300, b"\x00", b"\x00" * 70000):
+        with pytest.raises(ChannelError):
+            handle(audio, bad, sent.append, _unpaced)
+    with pytest.raises(ChannelError):  # audio for a catch-up that was never announced
+        handle(audio, b"\x00\x00" * 160, sent.append, _unpaced)
+    handle(audio, '{"type": "mark", "t": 12.5}', sent.append, _unpaced)
+    assert sent == [{"type": "live_from", "t": 12.5}]
+    # A catch-up faster than the pacing limits is refused (the channel closes; live audio goes on).
+    held = StudentAudio("r", "s", "Ann", "en", lambda u: None, pacer=_unpaced())
+    held.keep(catch_up=True)
+    handle(held, '{"type": "catchup", "from": 3}', sent.append, Pacer)  # the default limits: 1.5x real time
+    with pytest.raises(TooFast):
+        for _ in range(100):
+            handle(held, b"\x00\x00" * 16000, sent.append, _unpaced)
+
+
 def _unpaced():
     from streamserver.audio.pacing import Pacer
 

@@ -217,6 +217,8 @@ async def ingest(request: web.Request) -> web.StreamResponse:
         identity = {"room_id": room.room_id, "student_id": student_id, "resume": student.resume}
         def keep(times: dict[str, float | None]) -> None:
             audio.keep(False, times["start"], times["live_from"], times["now"])
+            if catch_up and times["live_from"] is not None:
+                log.info("student %s sends %.1f s of its audio again", student_id, times["live_from"] - times["start"])
 
         return await ws_ingest.serve(request, ws, identity, audio.push_pcm16,
                                      lambda: classroom.is_current(room, student_id, audio), keep)

@@ -196,7 +196,8 @@ class StudentAudio:
 
     def _hint(self, speech: SegmentedSpeech) -> None:
         assert self._on_hint is not None
-        if self._held is None:  # no live captions of speech sent again: it is not live
+        # no live captions of speech sent again after a break: it is not live
+        if self._held is None and speech.first_sample >= self._recovered_before:
             self._on_hint(self._utterance(speech))
 
     def _utterance(self, speech: SegmentedSpeech) -> Utterance:

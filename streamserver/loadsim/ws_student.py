@@ -155,7 +155,7 @@ class WsStudent:
 
     def _break(self, why: str) -> None:
         if self._recovery is None or self._recovery.done():
-            log.info("student %s: %s; reconnecting", self.student_id, why)
+            log.debug("student %s: %s; reconnecting", self.student_id, why)
             self._recovery = asyncio.get_running_loop().create_task(self._recover())
 
     async def _recover(self) -> None:
@@ -170,7 +170,7 @@ class WsStudent:
             try:
                 await self.connect(catch_up=True)
             except (JoinRefused, aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
-                log.info("student %s: reconnect through %s failed: %s", self.student_id, self.url, error)
+                log.debug("student %s: reconnect through %s failed: %s", self.student_id, self.url, error)
                 await asyncio.sleep(RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)])
                 attempt += 1
                 self.url = urls[(urls.index(self.url) + 1) % len(urls)] if self.url in urls else urls[0]

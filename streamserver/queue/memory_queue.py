@@ -23,6 +23,7 @@ from streamserver.queue.base import (
 
 ALIVE_TTL_S = 1.0  # as the Redis queue's: a worker silent this long has no capacity
 DONE_REMEMBERED = 100_000  # utterance ids kept against a second publication
+SPOKEN_STUDENTS = 20_000  # students whose published spans are kept (the most recent)
 
 
 class MemoryQueue:
@@ -44,7 +45,7 @@ class MemoryQueue:
         self._hints: OrderedDict[str, tuple[Utterance, float]] = OrderedDict()
         self._speculations: OrderedDict[str, tuple[Speculation, float]] = OrderedDict()
         # (room, student) -> spans published, on the student's clock (queue/base.py: covered)
-        self._spoken: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        self._spoken: OrderedDict[tuple[str, str], list[tuple[float, float]]] = OrderedDict()
 
     async def submit(self, u: Utterance) -> str:
         b, student = self.bounds, (u.room_id, u.student_id)
@@ -105,7 +106,7 @@ class MemoryQueue:
         self._speculations.pop(event.utterance_id, None)
         if event.utterance_id in self._done:
             return False
-        spoken = self._spoken.setdefault((event.room_id, event.student_id), [])
+        spoken = self._spoken_of(event.room_id, event.student_id)
         span = (event.stream_start, event.stream_end) if event.stream_start is not None else None
         if span and covered(spoken, *span):  # a copy of a published utterance, sent again after a break
             self._remember_done(event.utterance_id)
@@ -120,8 +121,17 @@ class MemoryQueue:
     def remember_spoken(self, room_id: str, student_id: str, spans: list[tuple[float, float]]) -> None:
         """Spans published before this process started (from the room's history): a `serve`
         restarted keeps no record of its own."""
-        spoken = self._spoken.setdefault((room_id, student_id), [])
+        spoken = self._spoken_of(room_id, student_id)
         spoken += [s for s in spans if s not in spoken]
+
+    def _spoken_of(self, room_id: str, student_id: str) -> list[tuple[float, float]]:
+        """The student's record, the most recently used kept (SPOKEN_STUDENTS)."""
+        key = (room_id, student_id)
+        spoken = self._spoken.pop(key, [])
+        self._spoken[key] = spoken
+        if len(self._spoken) > SPOKEN_STUDENTS:
+            self._spoken.popitem(last=False)
+        return spoken
 
     async def done_of(self, utterance_ids: list[str]) -> set[str]:
         return {uid for uid in utterance_ids if uid in self._done}
