@@ -123,6 +123,8 @@ def main() -> int:
     p.add_argument("--kill-gateway-at", type=float, metavar="S",
                    help="SIGKILL gateway 0 this many seconds into the run (needs --gateways >= 2): its students, who keep "
                    "their audio, reconnect through the next gateway and send again what was not acknowledged")
+    p.add_argument("--no-keep-audio", action="store_true",
+                   help="the simulated students keep nothing (loadsim --no-keep-audio): what a break costs without it")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     if args.kill_gateway_at is not None and args.gateways < 2:
@@ -181,7 +183,8 @@ def main() -> int:
         sim = subprocess.Popen(
             EXE + ["loadsim", *[a for url in urls for a in ("--url", url)], "--students", str(args.students),
                    "--duration", str(args.duration), "--rooms", str(args.rooms), "--speak-ratio", str(args.speak_ratio),
-                   "--transport", args.transport, "--processes", str(args.loadsim_processes), "--report", str(args.out)],
+                   "--transport", args.transport, "--processes", str(args.loadsim_processes), "--report", str(args.out),
+                   *(["--no-keep-audio"] if args.no_keep_audio else [])],
             env={**env, "STREAMSERVER_ADMIN_TOKEN": token},
         )
         killed = gateway_killed = None
@@ -214,7 +217,7 @@ def main() -> int:
             "gateways": args.gateways, "workers": args.workers, "threads_per_worker": args.threads, "max_batch": args.max_batch, "model": args.model,
             "backend": args.backend, "worker_args": args.worker_args, "vad_hangover_ms": args.vad_hangover_ms or SegmenterConfig.hangover_ms,
             "loadsim_processes": args.loadsim_processes, "ready_after_s": ready_s,
-            "ort_spin": env.get("STREAMSERVER_ORT_SPIN", "0 (the worker default)"), "killed": killed, "gateway_killed": gateway_killed, "loadsim_exit": rc, "cpus": os.cpu_count(),
+            "ort_spin": env.get("STREAMSERVER_ORT_SPIN", "0 (the worker default)"), "killed": killed, "gateway_killed": gateway_killed, "students_keep_audio": not args.no_keep_audio, "loadsim_exit": rc, "cpus": os.cpu_count(),
             "command": " ".join(sys.argv),
         }
         report["hint_counters"] = counters  # live captions and speculative finals, as the processes count them

@@ -63,6 +63,16 @@ def test_lost_counts_the_clips_students_said():
     assert result["clips_unsent"] == 1 and result["utterances_queued"] == 6
     assert tally.pending() == 3
 
+    # A speech published twice under two ids (a copy of a recovered utterance) is a duplicate and
+    # makes up for no lost clip: two transcripts of one student overlapping in time.
+    twice = Tally(t0=0.0)
+    twice.clip_sent("ann")
+    twice.clip_sent("bo")
+    for uid, student, start in (("a1", "ann", 10.0), ("a2", "ann", 10.1), ("b1", "bo", 10.0)):
+        twice.feed_event({"type": "transcript", "utterance_id": uid, "student_id": student, "start_ts": start,
+                          "end_of_speech_ts": start + 2.0}, 13.0, False)
+    assert twice.copies == 1 and twice.duplicates == 1 and twice.lost() == 0 and len(twice.transcripts) == 2
+
     silent = Tally(t0=0.0)  # a server that announces nothing: the clips still count
     silent.clip_sent("ann")
     assert silent.lost() == 1 and silent.lost_vs_queued() is None and silent.never_queued() is None

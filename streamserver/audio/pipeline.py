@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 # Live audio waits this long for a catch-up to begin, and then for each next piece of it; a page
 # that goes quiet mid-way loses the rest of its catch-up, never its live audio.
 CATCH_UP_WAIT_S = 10.0
-HELD_MAX_S = 180.0  # live audio held behind a catch-up; past it, the live audio goes on (said in the log)
+# Live audio held behind a catch-up (2.9 MB at most): past it the live audio goes on. A page keeps
+# 60 s and sends it at 1.25x, so an honest catch-up holds ~50 s at most.
+HELD_MAX_S = 90.0
 
 
 class StudentAudio:
@@ -84,6 +86,8 @@ class StudentAudio:
                 self._held.append(pcm)
                 self._held_samples += pcm.size
                 return
+            log.warning("student %s: its catch-up %s; its live audio goes on", self.student_id,
+                        "stalled" if time.monotonic() >= self._wait_until else f"held {HELD_MAX_S:g} s of live audio")
             self.end_catch_up()
         self._feed_live(pcm)
 

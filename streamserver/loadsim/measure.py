@@ -147,9 +147,9 @@ class Tally:
                 if not replayed:  # a history replay after a reconnect repeats what we saw
                     self.duplicates += 1
                 return
-            span = (float(event["start_ts"]), float(event["end_of_speech_ts"]))
+            span = (float(event.get("start_ts", event["end_of_speech_ts"])), float(event["end_of_speech_ts"]))
             mine = self.spoken.setdefault(event["student_id"], [])
-            if any(min(span[1], e) - max(span[0], s) >= COPY_OVERLAP * max(1e-3, min(span[1] - span[0], e - s))
+            if "start_ts" in event and any(min(span[1], e) - max(span[0], s) >= COPY_OVERLAP * max(1e-3, min(span[1] - span[0], e - s))
                    for s, e in mine):
                 self.copies += 1  # not a transcript of a clip: one counted already
                 self.duplicates += 1

@@ -148,7 +148,8 @@ function onRecoveryMessage(s, pc, channel, data, stale) {
 async function sendCatchUp(s, channel, from, to, stale) {
   s.catchingUp = true;
   const start = Math.max(from, s.kept.oldest);
-  if (start > from) console.warn(`catch-up: ${(start - from).toFixed(1)} s were no longer kept`);
+  const gone = start > from ? ` (the first ${Math.round(start - from)} s were no longer kept)` : '';
+  if (gone) console.warn(`catch-up${gone}`);
   try {
     channel.send(JSON.stringify({ type: 'catchup', from: start }));
     const began = performance.now();
@@ -156,7 +157,7 @@ async function sendCatchUp(s, channel, from, to, stale) {
       const end = Math.min(to, t + CATCH_UP_PIECE_S);
       channel.send(s.kept.slice(t, end).buffer);
       t = end;
-      setStatus(`connected — sending what you said while offline (${Math.ceil(to - t)} s left)`, 'connected');
+      setStatus(`connected — sending what you said while offline (${Math.ceil(to - t)} s left)${gone}`, 'connected');
       const ahead = (t - start) / CATCH_UP_RATE - (performance.now() - began) / 1000;
       if (ahead > 0) await sleep(ahead * 1000);
     }
