@@ -121,7 +121,7 @@ async def packets_sent(students: list[Student]) -> int:
 
 
 async def simulate(url: str, admin_token: str, n: int, window_s: float, speak_ratio: float, seed: int,
-                   gateway_pid: int, worker_pid: int, client: str) -> dict:
+                   gateway_pid: int, worker_pid: int, client: str, recovery_channel: bool = False) -> dict:
     students: list[Student] = []
     join_failures: Counter = Counter()
     audio_dir = Path(tempfile.mkdtemp(prefix="webrtc-cost-"))
@@ -144,7 +144,8 @@ async def simulate(url: str, admin_token: str, n: int, window_s: float, speak_ra
             async with gate:
                 student = Student(i, microphone(client, i, end, speak_ratio, seed, clock, audio_dir))
                 try:
-                    student.pc = await join_student(session, url, room, f"s{i:04d}", student.track)
+                    student.pc = await join_student(session, url, room, f"s{i:04d}", student.track,
+                                                    recovery_channel=recovery_channel)
                 except JoinRefused as error:
                     join_failures[str(error.status)] += 1
                     return
@@ -225,6 +226,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--client", choices=CLIENTS, default="packets-spread",
                    help="; ".join(f"{k}: {v}" for k, v in CLIENTS.items()) + " (default %(default)s)")
+    p.add_argument("--recovery-channel", action="store_true",
+                   help="every student opens the student page's recovery data channel and sends its marks (acks come back)")
     p.add_argument("--label", default="", help="what is measured (e.g. the commit or the step)")
     p.add_argument("--gateway-args", default="", help="more arguments for the gateway")
     p.add_argument("--uvloop", action="store_true", help="run the gateway on uvloop's event loop (pip install uvloop)")
@@ -274,13 +277,14 @@ def main() -> int:
                 print(f"{n} WebRTC students, window {args.window:.0f}s", file=sys.stderr, flush=True)
                 with asyncio.Runner(loop_factory=DrainingEventLoop) as runner:  # the students' UDP read as loadsim reads it
                     result = runner.run(simulate(url, token, n, args.window, args.speak_ratio, args.seed, gateway.pid, worker.pid,
-                                                 args.client))
+                                                 args.client, args.recovery_channel))
             finally:
                 gateway.terminate()
                 gateway.wait(10)
             result.update(label=args.label, event_loop="uvloop" if args.uvloop else "asyncio",
                           gateway_main=str(args.gateway_main or "python -m streamserver"), commit=commit + ("+dirty" if dirty else ""), client=CLIENTS[args.client],
-                          speak_ratio=args.speak_ratio, cpus=os.cpu_count(), date=time.strftime("%Y-%m-%d %H:%M"))
+                          speak_ratio=args.speak_ratio, cpus=os.cpu_count(), date=time.strftime("%Y-%m-%d %H:%M"),
+                          recovery_channel=args.recovery_channel)
             print(json.dumps(result), file=sys.stderr, flush=True)
             results.append(result)
     finally:

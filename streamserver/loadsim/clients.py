@@ -4,6 +4,7 @@ client on the feed WebSocket. Used by the tests and the live-latency benchmark."
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 import wave
@@ -72,22 +73,28 @@ def token_of(link: str) -> str:
 
 async def join_student(
     session: aiohttp.ClientSession, url: str, room: dict, name: str, wav: Path | MediaStreamTrack,
-    identity: dict[str, str] | None = None,
+    identity: dict[str, str] | None = None, recovery_channel: bool = False,
 ) -> RTCPeerConnection:
     """An aiortc student that plays `wav` as its microphone, once (aiortc's MediaPlayer: it
     encodes for this student), or sends what an audio track gives (webrtc_student.OpusPlanTrack:
     packets encoded once per clip). The identity the server issued is left on the peer as
     `pc.identity` (student_id and resume secret, also `pc.student_id`); pass it back to
-    reconnect as the same student."""
+    reconnect as the same student. `recovery_channel`: it opens the student page's recovery data
+    channel and sends its marks, so that the server pays for it as for a page (acks come back;
+    this student keeps no audio: it never catches up)."""
     use_host_addresses(["127.0.0.1"])
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     track = wav if isinstance(wav, MediaStreamTrack) else MediaPlayer(str(wav), loop=False).audio
     pc.addTrack(track)
     if hasattr(track, "bind"):  # pre-encoded packets: sent by the track itself (webrtc_student.FastRtp)
         track.bind(pc)
+    if recovery_channel:
+        _page_marks(pc)
     await pc.setLocalDescription(await pc.createOffer())  # aiortc gathers all candidates here
     body = {"token": token_of(room["student_url"]), "sdp": pc.localDescription.sdp, "type": "offer", "student_name": name}
     body.update(identity or {})
+    if recovery_channel:
+        body["recovery"] = {"catch_up": False}
     async with session.post(f"{url}/api/rooms/{room['room_id']}/offer", json=body) as r:
         if r.status != 200:
             await pc.close()
@@ -97,6 +104,25 @@ async def join_student(
     pc.student_id = answer["student_id"]  # type: ignore[attr-defined]
     pc.identity = {"student_id": answer["student_id"], "resume": answer["resume"]}  # type: ignore[attr-defined]
     return pc
+
+
+def _page_marks(pc: RTCPeerConnection) -> None:
+    """The student page's recovery channel traffic (web_demo/student.js): marks on its own clock,
+    8 at 250 ms and then one every 5 s; the server's acks are read and dropped."""
+    channel = pc.createDataChannel("recovery")
+    began = time.monotonic()
+
+    async def marks() -> None:
+        for n in itertools.count():
+            if channel.readyState == "closed" or pc.connectionState in ("failed", "closed"):
+                return
+            if channel.readyState == "open":
+                channel.send(json.dumps({"type": "mark", "t": round(time.monotonic() - began, 3)}))
+            await asyncio.sleep(0.25 if n < 8 else 5.0)
+
+    @channel.on("open")
+    def _open() -> None:
+        pc._marks = asyncio.ensure_future(marks())  # type: ignore[attr-defined] - kept with the peer
 
 
 class Dashboard:

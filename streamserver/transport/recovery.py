@@ -3,8 +3,8 @@ student's page opens in the same peer connection (so it always reaches the proce
 audio, whatever balances the load).
 
 page -> server (JSON text, unless said otherwise):
-  {"type": "mark", "t": T}        every 250 ms: the page's newest microphone sample is at stream
-                                  time T (seconds on its own clock, audio/timeline.py)
+  {"type": "mark", "t": T}        the page's newest microphone sample is at stream time T (seconds
+                                  on its own clock, audio/timeline.py): 8 at 250 ms, then every 5 s
   {"type": "catchup", "from": F}  after a reconnect: what the server had not acknowledged follows,
   binary messages                 from stream time F: 16 kHz mono little-endian PCM16,
   {"type": "caught_up"}           up to the live audio's start (live_from); then the live audio

@@ -12,7 +12,11 @@ const DISCONNECT_GRACE_MS = 2000;   // 'disconnected' often heals by itself with
 const MAX_BACKOFF_S = 10;
 const KEEP_S = 60;            // microphone audio kept for sending again
 const RATE = 16000;
-const MARK_EVERY_MS = 250;    // "my newest sample is at t": places the live audio on our clock
+// "my newest sample is at t": the first ones place the live audio on our clock, later ones only
+// keep the server's estimate of our clock fresh (every message costs the server in Python)
+const MARK_EVERY_MS = 250;
+const MARKS_FAST = 8;
+const MARK_LATER_MS = 5000;
 const HEARTBEAT_MS = 2000;    // no ack this long: the server is gone, reconnect
 const CATCH_UP_RATE = 1.25;   // x real time; the server accepts up to 1.5x
 const CATCH_UP_PIECE_S = 0.1;
@@ -179,11 +183,13 @@ function openRecovery(s, pc, stale) {
   s.channel = channel;
   channel.addEventListener('open', () => {
     s.lastHeard = performance.now();
+    let marks = 0;
     const mark = () => {
-      if (!stale() && channel.readyState === 'open') channel.send(JSON.stringify({ type: 'mark', t: s.kept.now }));
+      if (stale() || channel.readyState !== 'open') return;
+      channel.send(JSON.stringify({ type: 'mark', t: s.kept.now }));
+      s.markTimer = setTimeout(mark, ++marks < MARKS_FAST ? MARK_EVERY_MS : MARK_LATER_MS);
     };
     mark();
-    s.markTimer = setInterval(mark, MARK_EVERY_MS);
     s.heartbeatTimer = setInterval(() => {
       if (!stale() && s.serverKeeps && performance.now() - s.lastHeard > HEARTBEAT_MS) retry(s, 'the server stopped answering');
     }, 500);
@@ -324,7 +330,7 @@ function onConnectionState(s, pc) {
 function closePeer(s) {
   clearTimeout(s.disconnectTimer);
   clearTimeout(s.watchdog);
-  clearInterval(s.markTimer);
+  clearTimeout(s.markTimer);
   clearInterval(s.heartbeatTimer);
   s.channel = null;
   if (s.pc) s.pc.close(); // closes the transport only; the microphone track stays live
