@@ -144,7 +144,7 @@ class UtteranceSegmenter:
         """Any length of 16 kHz mono int16 (float in [-1, 1] is converted). `ts`: when it was
         captured on the server clock, if not now (audio a client kept and sends late)."""
         pcm16 = np.asarray(pcm16)
-        if np.issubdtype(pcm16.dtype, np.floating):
+        if pcm16.dtype.kind == "f":
             pcm16 = np.clip(pcm16 * 32768.0, -32768, 32767).astype(np.int16)  # exact inverse of /32768
         ts = self._clock() if ts is None else ts
         data = np.concatenate((self._pending, pcm16.reshape(-1).astype(np.int16, copy=False)))

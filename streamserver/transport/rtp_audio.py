@@ -289,6 +289,7 @@ class AudioReceiver(RTCRtpReceiver):
     never constructed."""
 
     _reorder: Reorder
+    _batcher: Batcher
     _on_end: Callable[[], None]
     _on_error: Callable[[BaseException], None]
     _ended: bool
@@ -371,11 +372,34 @@ class AudioReceiver(RTCRtpReceiver):
             connection._srtp = None
         try:
             self._reorder.flush()
+            self._batcher.flush()
         except Exception as error:  # noqa: BLE001 - as in _receive
             self._on_error(error)
         if self._track is not None:
             self._track.stop()
         self._on_end()
+
+
+class Batcher:
+    """Hands the VAD 60 ms at a time instead of a packet's 20 ms: the pacer's and the segmenter's
+    work per call (a bucket update, a concatenation, dtype checks) is paid once per three packets.
+    The audio is the same; the VAD sees it at most 40 ms later."""
+
+    def __init__(self, on_pcm: Callable[[np.ndarray], None], samples: int = 3 * RATE // 50) -> None:
+        self._on_pcm, self._samples = on_pcm, samples
+        self._parts: list[np.ndarray] = []
+        self._held = 0
+
+    def push(self, pcm: np.ndarray) -> None:
+        self._parts.append(pcm)
+        self._held += pcm.size
+        if self._held >= self._samples:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._parts:
+            parts, self._parts, self._held = self._parts, [], 0
+            self._on_pcm(parts[0] if len(parts) == 1 else np.concatenate(parts))
 
 
 def install(receiver: RTCRtpReceiver, on_pcm: Callable[[np.ndarray], None], on_end: Callable[[], None],
@@ -391,6 +415,8 @@ def install(receiver: RTCRtpReceiver, on_pcm: Callable[[np.ndarray], None], on_e
         raise ValueError("the receiver already runs a decoder thread")
     receiver.__class__ = AudioReceiver
     assert isinstance(receiver, AudioReceiver)
-    receiver._reorder = Reorder(on_pcm)
+    batcher = Batcher(on_pcm)
+    receiver._reorder = Reorder(batcher.push)
+    receiver._batcher = batcher
     receiver._on_end, receiver._on_error, receiver._ended, receiver._ssrc = on_end, on_error, False, None
     return receiver
