@@ -10,7 +10,7 @@ import time
 
 FORMATS = {"json": "application/json", "csv": "text/csv", "txt": "text/plain"}
 CSV_COLUMNS = ("start_time", "end_of_speech_time", "student_name", "student_id", "text", "intent", "language", "utterance_id",
-               "fallback")
+               "fallback", "recovered")
 
 
 def finals(events_json: list[str]) -> list[dict]:
@@ -39,11 +39,11 @@ def render(room: dict, transcripts: list[dict], fmt: str) -> str:
         for t in transcripts:
             writer.writerow([_iso(t["start_ts"]), _iso(t["end_of_speech_ts"]), t["student_name"], t["student_id"], t["text"],
                              (t.get("intent") or {}).get("label", ""), t["language"], t["utterance_id"],
-                             int(bool(t.get("fallback")))])
+                             int(bool(t.get("fallback"))), int(bool(t.get("recovered")))])
         return out.getvalue()
     if fmt == "txt":
         lines = [f"Class {room['name']} ({room['room_id']})", ""]
         lines += [f"[{time.strftime('%H:%M:%S', time.gmtime(t['start_ts']))} UTC] {t['student_name']}: {t['text']}"
-                  for t in transcripts]
+                  + (" (recovered)" if t.get("recovered") else "") for t in transcripts]
         return "\n".join(lines) + "\n"
     raise ValueError(f"format must be one of {', '.join(FORMATS)}")
