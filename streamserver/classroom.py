@@ -95,6 +95,7 @@ class Classroom:
         # Streams of pages that keep their audio, ended without a goodbye (a network break): their
         # speech in progress waits for the page to come back and send it again.
         self._parked: dict[tuple[str, str], StudentAudio] = {}
+        self._spawned: set[asyncio.Task] = set()  # tasks started from callbacks (a task needs a reference)
 
     async def start(self) -> None:
         for part in self.background:
@@ -137,13 +138,16 @@ class Classroom:
         while True:
             await asyncio.sleep(recovery.ACK_EVERY_S)
             kept = [c for c in self.connections.values() if c.tell is not None and c.audio.kept]
-            try:
-                done = await self.sink.settled([uid for c in kept for uid in c.audio.unsettled()])
-            except Exception as error:  # noqa: BLE001 - the queue is away: acks stand still, pages keep their audio
+            try:  # a slow queue holds back the acks' progress, never the acks: they are the pages' heartbeat
+                done = await asyncio.wait_for(self.sink.settled([uid for c in kept for uid in c.audio.unsettled()]),
+                                              recovery.ACK_EVERY_S)
+            except Exception as error:  # noqa: BLE001 - the queue is away or slow: acks stand still, pages keep their audio
                 log.debug("acks not advanced: %s", error)
                 done = set()
             ts = now()
             for c in kept:
+                if c.audio.closed or self.connections.get((c.audio.room_id, c.audio.student_id)) is not c:
+                    continue  # replaced meanwhile: its speech in progress may be the page's to send again
                 c.audio.settle(done)
                 ack = c.audio.ack()
                 try:
@@ -218,9 +222,9 @@ class Classroom:
         audio, new = await self._seat(room, student_id, name, address, limits, catch_up)
         key = (room.room_id, student_id)
         if keeps is not None:
-            audio.keep(catch_up)
+            audio.keep(catch_up, clock=str(keeps.get("clock") or ""))
             if catch_up:
-                await self._recall_spoken(room, student_id)
+                await self.recall_spoken(room, student_id, audio.stream_clock)
 
         def on_channel(channel) -> None:  # noqa: ANN001 - aiortc's RTCDataChannel
             connection = self.connections.get(key)
@@ -260,8 +264,6 @@ class Classroom:
         returned StudentAudio and calls close_stream at the end. Raises RoomFull, Busy,
         TooManyFromAddress or BusError."""
         audio, new = await self._seat(room, student_id, name, address, limits, catch_up)
-        if catch_up:
-            await self._recall_spoken(room, student_id)
         self.connections[(room.room_id, student_id)] = Connection(end, audio, address, tell)
         if new:
             await self._student_event(room, student_id, "student_joined")
@@ -308,9 +310,11 @@ class Classroom:
 
         asyncio.get_running_loop().call_later(max(PARKED_S, self.settings.leave_grace_s), give_up)
 
-    async def _recall_spoken(self, room: Room, student_id: str) -> None:
-        """A page sends audio again: the queue learns what of it is published already (a `serve`
-        that restarted remembers nothing; the room's history does)."""
+    async def recall_spoken(self, room: Room, student_id: str, clock: str) -> None:
+        """A page sends audio again: a queue that keeps no record of its own (a `serve` that
+        restarted remembers nothing) learns from the room's history what of it is published."""
+        if self.sink.queue.keeps_spoken:
+            return
         try:
             history = await self.bus.history(room.room_id, RECALL_EVENTS)
         except Exception as error:  # noqa: BLE001 - the bus is away: the queue's own record decides
@@ -322,9 +326,15 @@ class Classroom:
                 event = json.loads(raw)
             except ValueError:
                 continue
-            if event.get("student_id") == student_id and event.get("stream_start") is not None:
-                spans.append((float(event["stream_start"]), float(event["stream_end"])))
-        self.sink.queue.remember_spoken(room.room_id, student_id, spans)
+            if (event.get("student_id") == student_id and event.get("stream_clock", "") == clock
+                    and event.get("stream_start") is not None):
+                spans.append((float(event["stream_start"]), float(event["stream_end"]), bool(event.get("recovered"))))
+        self.sink.queue.remember_spoken(room.room_id, f"{student_id}:{clock}", spans)
+
+    def spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
 
     def _catch_up_pacer(self) -> Pacer:
         return Pacer(self.settings.max_audio_rate, on_refused=self.metrics.paced_refusals.inc)

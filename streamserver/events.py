@@ -47,6 +47,7 @@ class Utterance:
     # when its client keeps its audio to send again after a break (audio/timeline.py) ...
     stream_span: tuple[float, float] | None = None
     recovered: bool = False  # ... and it was sent again: spoken before a break, recognised after
+    stream_clock: str = ""  # which clock: one per page load (a reload starts a new one at 0)
 
     @property
     def is_hint(self) -> bool:
@@ -149,6 +150,7 @@ class TranscriptEvent(_Words):
     stream_start: float | None = None
     stream_end: float | None = None
     recovered: bool = False  # spoken before a break (network, server), sent again by the student's page
+    stream_clock: str = ""
 
     @classmethod
     def from_json(cls, data: str) -> TranscriptEvent:
@@ -170,7 +172,8 @@ def _placed(u: Utterance) -> dict[str, Any]:
     """The stream fields of a transcript of `u` (none when its client keeps no audio)."""
     if u.stream_span is None:
         return {}
-    return {"stream_start": round(u.stream_span[0], 3), "stream_end": round(u.stream_span[1], 3), "recovered": u.recovered}
+    return {"stream_start": round(u.stream_span[0], 3), "stream_end": round(u.stream_span[1], 3), "recovered": u.recovered,
+            "stream_clock": u.stream_clock}
 
 
 @dataclass

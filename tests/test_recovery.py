@@ -79,13 +79,29 @@ def test_live_audio_waits_behind_a_catch_up_and_follows_it(librivox):
     assert len(emitted) == 1 and emitted[0].recovered
     assert emitted[0].stream_span[0] == pytest.approx(41.0, abs=0.35)  # the sentence began 1 s into the catch-up
     audio.push_pcm16(sentence)  # live, still held
-    audio.end_catch_up()
+    audio.end_catch_up(complete=True)
     audio.push_pcm16(np.concatenate([silence, silence]))
     assert len(emitted) == 2 and not emitted[1].recovered
     assert emitted[1].stream_span[0] == pytest.approx(50.0, abs=0.35)  # after the held second of silence
     assert audio.ack() is not None and audio.ack() <= emitted[0].stream_span[0]  # nothing published yet
     audio.settle({u.utterance_id for u in emitted})
     assert audio.ack() >= emitted[1].stream_span[1]
+
+
+def test_a_catch_up_that_stops_short_is_never_acknowledged_past_its_hole(librivox):
+    """Given up (the page went quiet mid-way): the live audio goes on, but what the catch-up did
+    not bring stays unacknowledged, so the page keeps it for its next break."""
+    audio = StudentAudio("r", "s", "Ann", "en", lambda u: None, pacer=_unpaced())
+    audio.keep(catch_up=True)
+    audio.push_pcm16(np.zeros(16000, np.int16))
+    audio.mark(50.0)
+    audio.start_catch_up(40.0, pacer=_unpaced())
+    audio.push_catch_up(np.zeros(3 * 16000, np.int16))  # 40..43 of 40..49
+    audio.end_catch_up()  # given up
+    audio.push_pcm16(np.zeros(5 * 16000, np.int16))
+    assert audio.ack() is not None and audio.ack() <= 43.0 + 1e-6
+    audio.close()
+    assert audio.ack() is None  # closed: nothing more is promised
 
 
 def test_bad_recovery_messages_get_a_clear_error_and_never_hold_live_audio():
@@ -118,9 +134,9 @@ def _unpaced():
     return Pacer(rate=1000.0, burst_s=1000.0, initial_s=1000.0)
 
 
-def _final(span: tuple[float, float], recovered: bool) -> TranscriptEvent:
+def _final(span: tuple[float, float], recovered: bool, clock: str = "c1") -> TranscriptEvent:
     u = Utterance(uuid_hex(), "r", "s", "Ann", "en", np.zeros(160, np.float32), now(), now(),
-                  stream_span=span, recovered=recovered)
+                  stream_span=span, recovered=recovered, stream_clock=clock)
     return TranscriptEvent.of(u, "hello", "en")
 
 
@@ -132,8 +148,11 @@ def uuid_hex() -> str:
 
 def test_a_copy_of_a_published_utterance_is_not_published_again(redis_url):
     """Both queues: the same speech sent again (its span on the student's clock covered by a
-    published one) publishes nothing; speech next to it does."""
-    assert covered([(10.0, 13.0)], 10.2, 12.9) and not covered([(10.0, 13.0)], 13.1, 15.0)
+    published one) publishes nothing; speech next to it does, and so does speech of another clock
+    (the page reloaded: its clock starts at 0 again) and new speech the VAD merged with a copy."""
+    assert covered([(10.0, 13.0, False)], 10.2, 12.9, True) and not covered([(10.0, 13.0, False)], 13.1, 15.0, True)
+    assert not covered([(10.0, 13.0, False)], 10.2, 12.9, False)  # two live utterances never are copies
+    assert not covered([(10.0, 13.0, False)], 10.0, 20.0, True)  # 7 s of new speech: published, not lost
 
     async def body() -> None:
         bus = MemoryBus()
@@ -146,6 +165,9 @@ def test_a_copy_of_a_published_utterance_is_not_published_again(redis_url):
             copy = _final((14.05, 16.1), True)
             assert not await queue.claim(copy)
             assert await queue.done_of([copy.utterance_id]) == {copy.utterance_id}  # settled: no resending
+            assert await queue.claim(_final((10.1, 12.8), False, clock="c2"))  # a reload's new clock
+            assert await queue.claim(_final((20.0, 23.0), True))  # a recovered copy published first ...
+            assert not await queue.claim(_final((20.1, 22.9), False))  # ... then its original is the copy
         await redis_queue.close()
 
     asyncio.run(body())

@@ -169,8 +169,9 @@ async def offer(request: web.Request) -> web.Response:
         return _error(400, "expected {'sdp': <offer>, 'type': 'offer'}")
     name = _student_name(name, "student_name")
     keeps = body.get("recovery")  # the page keeps its audio (transport/recovery.py)
-    if keeps is not None and not (isinstance(keeps, dict) and isinstance(keeps.get("catch_up", False), bool)):
-        return _error(400, "recovery must be {'catch_up': true|false}")
+    if keeps is not None and not (isinstance(keeps, dict) and isinstance(keeps.get("catch_up", False), bool)
+                                  and re.fullmatch(r"[A-Za-z0-9_-]{0,64}", str(keeps.get("clock", "")))):
+        return _error(400, "recovery must be {'catch_up': true|false, 'clock': up to 64 letters, digits, - or _}")
     student = identify(request.app[CLASSROOM].settings.secret, room.room_id, body.get("student_id"), body.get("resume"))
     try:
         answer = await request.app[CLASSROOM].connect_student(room, student.student_id, name, sdp, request.remote or "",
@@ -215,10 +216,11 @@ async def ingest(request: web.Request) -> web.StreamResponse:
         return _error(503, str(error))
     try:
         identity = {"room_id": room.room_id, "student_id": student_id, "resume": student.resume}
-        def keep(times: dict[str, float | None]) -> None:
-            audio.keep(False, times["start"], times["live_from"], times["now"])
+        def keep(times: dict) -> None:
+            audio.keep(False, times["start"], times["live_from"], times["now"], times["clock"])
             if catch_up and times["live_from"] is not None:
                 log.info("student %s sends %.1f s of its audio again", student_id, times["live_from"] - times["start"])
+                classroom.spawn(classroom.recall_spoken(room, student_id, times["clock"]))
 
         return await ws_ingest.serve(request, ws, identity, audio.push_pcm16,
                                      lambda: classroom.is_current(room, student_id, audio), keep)

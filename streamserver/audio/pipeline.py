@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 # Live audio waits this long for a catch-up to begin, and then for each next piece of it; a page
 # that goes quiet mid-way loses the rest of its catch-up, never its live audio.
 CATCH_UP_WAIT_S = 10.0
+SETUP_WAIT_S = 30.0  # from the offer to the page's first mark
 # Live audio held behind a catch-up (2.9 MB at most): past it the live audio goes on. A page keeps
 # 60 s and sends it at 1.25x, so an honest catch-up holds ~50 s at most.
 HELD_MAX_S = 90.0
@@ -70,6 +71,9 @@ class StudentAudio:
         self._held_samples = 0
         self._wait_until = 0.0  # monotonic: the catch-up is given up after this
         self._catch_up_pacer: Pacer | None = None
+        self._catch_up_from: float | None = None
+        self._ack_cap: float | None = None  # a catch-up that stopped short: acks stay before its hole
+        self.stream_clock = ""
         self.said_bye = False  # the page left on purpose: its last speech is flushed, not kept
         self.closed = False
         self.live_from_told = False  # the page was told where its live audio starts
@@ -86,7 +90,7 @@ class StudentAudio:
                 self._held.append(pcm)
                 self._held_samples += pcm.size
                 return
-            log.warning("student %s: its catch-up %s; its live audio goes on", self.student_id,
+            log.warning("student %s: its catch-up %s", self.student_id,
                         "stalled" if time.monotonic() >= self._wait_until else f"held {HELD_MAX_S:g} s of live audio")
             self.end_catch_up()
         self._feed_live(pcm)
@@ -95,7 +99,11 @@ class StudentAudio:
         if not self._live_run:
             self._live_run = True
             self.clock.add_run(self._fed, self._live_start)
-        self._feed(pcm)
+        ts = None
+        if self._fed < self._recovered_before and self._offset is not None:  # sent again: dated when spoken
+            end = self.clock.at(self._fed + pcm.size)
+            ts = end + self._offset if end is not None else None
+        self._feed(pcm, ts)
 
     def _feed(self, pcm: np.ndarray, ts: float | None = None) -> None:
         self._segmenter.feed(pcm, ts)
@@ -107,31 +115,34 @@ class StudentAudio:
     # ---- a page that keeps its audio ----
 
     def keep(self, catch_up: bool, start: float | None = None, live_from: float | None = None,
-             stream_now: float | None = None) -> None:
+             stream_now: float | None = None, clock: str = "") -> None:
         """The client keeps its audio and names it on its stream clock. `catch_up`: it will send
         what the server did not acknowledge (start_catch_up ...), and the live audio waits for
         it. `start`: the stream time of the first live sample, when the client says it (the
         WebSocket ingest; else the first mark places it); audio before `live_from` is sent again
-        after a break. `stream_now`: the client's clock now, to date what it sends late."""
+        after a break. `stream_now`: the client's clock now, to date what it sends late. `clock`:
+        which clock (one per page load: a reload starts again at 0)."""
         self.kept = True
+        self.stream_clock = clock
         if start is not None:
             self._live_start = start
             if live_from is not None:
                 self._recovered_before = max(0, round((live_from - start) * SAMPLE_RATE))
         if stream_now is not None:
             self._offset = now() - stream_now
-        if catch_up:
+        if catch_up:  # the first wait also covers the connection's setup (ICE, DTLS, the channel)
             self._held, self._held_samples = [], 0
-            self._wait_until = time.monotonic() + CATCH_UP_WAIT_S
+            self._wait_until = time.monotonic() + SETUP_WAIT_S
 
     def mark(self, stream_time: float) -> float | None:
         """The page's newest sample is at `stream_time`: it places the live audio on the stream
         clock (the first mark decides). The live audio's start, once known."""
-        if self._offset is None:
-            self._offset = now() - stream_time
+        self._offset = now() - stream_time  # the newest: the page's audio clock and ours drift apart
         if self._live_start is None:
             self._live_start = stream_time - self._live_received / SAMPLE_RATE
             self.clock.place(self._live_start)
+            if self._held is not None and self._catch_up_pacer is None:  # the channel is up: the catch-up comes now
+                self._wait_until = time.monotonic() + CATCH_UP_WAIT_S
         return self._live_start
 
     @property
@@ -139,9 +150,12 @@ class StudentAudio:
         return self._held is not None
 
     def start_catch_up(self, start: float, pacer: Pacer) -> None:
-        """Audio sent again from stream time `start`, up to the live audio's start."""
+        """Audio sent again from stream time `start`, up to the live audio's start (once per
+        connection: ValueError for a second)."""
+        if self._held is None or self._catch_up_pacer is not None:
+            raise ValueError("one catch-up per connection, announced by its offer")
         self.clock.add_run(self._fed, start)
-        self._catch_up_pacer = pacer
+        self._catch_up_pacer, self._catch_up_from = pacer, start
         self._wait_until = time.monotonic() + CATCH_UP_WAIT_S
 
     def push_catch_up(self, pcm: np.ndarray) -> None:
@@ -154,12 +168,18 @@ class StudentAudio:
         self._feed(pcm, ts)
         self._wait_until = time.monotonic() + CATCH_UP_WAIT_S
 
-    def end_catch_up(self) -> None:
-        """The catch-up is over (or given up): the held live audio follows it."""
+    def end_catch_up(self, complete: bool = False) -> None:
+        """The catch-up is over (`complete`: the page says so) or given up: the held live audio
+        follows it."""
         if self._held is None:
             return
-        if self._catch_up_pacer is None:
-            log.warning("student %s announced a catch-up but sent none: its live audio goes on", self.student_id)
+        if not complete:
+            # What the catch-up did not bring is never acknowledged: the page keeps it, and sends
+            # it again after its next break (if it still has it).
+            sent_to = self.clock.at(self._fed) if self._catch_up_pacer is not None else None
+            self._ack_cap = sent_to if sent_to is not None else 0.0  # none came: where it began is the page's
+            log.warning("student %s: its catch-up %s; its live audio goes on", self.student_id,
+                        "stopped before the live audio" if self._catch_up_pacer is not None else "never came")
         held, self._held = self._held, None
         self._recovered_before = self._fed
         for pcm in held:
@@ -168,8 +188,12 @@ class StudentAudio:
     def ack(self) -> float | None:
         """How far the client's audio is safe, on its stream clock: everything before is in a
         published utterance or was not speech. None until the stream is placed."""
-        safe = min([self._segmenter.safe_sample, *self._unsettled.values()])
-        return self.clock.at(safe)
+        if self.closed:  # its speech in progress may have been dropped for the page to send again
+            return None
+        safe = self.clock.at(min([self._segmenter.safe_sample, *self._unsettled.values()]))
+        if safe is not None and self._ack_cap is not None:
+            safe = min(safe, self._ack_cap)
+        return safe
 
     def unsettled(self) -> list[str]:
         return list(self._unsettled)
@@ -183,6 +207,7 @@ class StudentAudio:
         again (a reconnect that catches up)."""
         self.closed = True
         if flush:
+            self.end_catch_up()  # the live audio held behind a catch-up is the student's too
             self._segmenter.flush()
         else:
             self._segmenter.discard()
@@ -195,6 +220,7 @@ class StudentAudio:
         if self.kept:
             u.stream_span = self.clock.span(speech.first_sample, speech.audio.size)
             u.recovered = self._held is not None or speech.first_sample < self._recovered_before
+            u.stream_clock = self.stream_clock
             self._unsettled[u.utterance_id] = speech.first_sample
         self._on_utterance(u)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -69,6 +70,7 @@ class WsStudent:
     _heard: float = field(default=0.0, init=False, repr=False)
     _recovery: asyncio.Task | None = field(default=None, init=False, repr=False)
     _ending: bool = field(default=False, init=False, repr=False)
+    _clock: str = field(default_factory=lambda: secrets.token_hex(8), init=False, repr=False)  # this clock's name
 
     async def connect(self, timeout_s: float = 15.0, catch_up: bool = False) -> None:
         """Open the stream and wait for "ready"; JoinRefused for an HTTP refusal or an early error."""
@@ -92,7 +94,7 @@ class WsStudent:
         if self.keeps:
             self._sent = max(self._ack, self._kept_from)
             now_s = self._written / RATE
-            keeps = {"start": self._sent / RATE, "now": now_s, "live_from": now_s if catch_up else None}
+            keeps = {"start": self._sent / RATE, "now": now_s, "live_from": now_s if catch_up else None, "clock": self._clock}
             await self._ws.send_str(json.dumps({"format": "pcm16", "keeps": keeps}))
             self._heard = time.monotonic()
         self._reader = asyncio.create_task(self._read(self._ws))

@@ -57,7 +57,7 @@ class Speculation:
         event.published_ts, event.end_of_speech_ts = now(), u.end_of_speech_ts
         if u.stream_span is not None:  # a hint travels without its place on the student's clock
             event.stream_start, event.stream_end = round(u.stream_span[0], 3), round(u.stream_span[1], 3)
-            event.recovered = u.recovered
+            event.recovered, event.stream_clock = u.recovered, u.stream_clock
         return event
 
     def to_json(self) -> str:
@@ -69,24 +69,31 @@ class Speculation:
         return cls(fields["digest"], fields["event"])
 
 
-# A recovered utterance (sent again by its student's page after a break) is a copy of a published
-# one when they share this much of the shorter's time on the student's clock: the VAD, started
-# again at another point of the same audio, cuts about the same utterance, never one half-way
-# into another (they are at least a hangover apart).
+# A transcript is a copy of a published one when they are of one student's clock, at least one of
+# the two is recovered (sent again by the page after a break: the VAD, started again at another
+# point of the same audio, cuts about the same utterance), and published spans cover this much of
+# its own span. Measured against its own span, so that a recovered utterance that also holds new
+# speech (the VAD merged it with the published one) is published, its start twice, never lost.
 SPOKEN_OVERLAP = 0.5
 SPOKEN_KEPT_S = 600  # how far back (student clock seconds) published utterances are remembered
 
 
+def spoken_of(event: TranscriptEvent) -> str:
+    """Whose clock a transcript's span is on: a student's page load."""
+    return f"{event.student_id}:{event.stream_clock}"
+
+
 def span_args(event: TranscriptEvent) -> list[str]:
-    """The spoken-record arguments of the queue scripts: span start, end, recovered ('' if none)."""
+    """The spoken-record arguments of the queue scripts: span start, end ('' if none), recovered."""
     if event.stream_start is None or event.stream_end is None:
         return ["", "", "0"]
     return [repr(event.stream_start), repr(event.stream_end), "1" if event.recovered else "0"]
 
 
-def covered(spans: list[tuple[float, float]], start: float, end: float) -> bool:
-    """Whether a published span covers the recovered one [start, end] (SPOKEN_OVERLAP)."""
-    return any(min(end, e) - max(start, s) >= SPOKEN_OVERLAP * min(end - start, e - s) for s, e in spans)
+def covered(spans: list[tuple[float, float, bool]], start: float, end: float, recovered: bool) -> bool:
+    """Whether published spans (start, end, recovered) cover the span [start, end]: it is a copy."""
+    shared = sum(max(0.0, min(end, e) - max(start, s)) for s, e, r in spans if recovered or r)
+    return shared >= SPOKEN_OVERLAP * max(end - start, 1e-3)
 
 
 class QueueFull(Exception):
@@ -135,8 +142,11 @@ class UtteranceQueue(Protocol):
         """Those of the utterances whose result is published (or that were found to be copies of
         a published one, queue/base.py covered): the audio of the others is not safe yet."""
 
-    def remember_spoken(self, room_id: str, student_id: str, spans: list[tuple[float, float]]) -> None:
-        """Spans of the student's utterances published before this process knew them."""
+    keeps_spoken: bool  # the queue's spoken record survives a restart of this process (Redis)
+
+    def remember_spoken(self, room_id: str, spoken: str, spans: list[tuple[float, float, bool]]) -> None:
+        """Spans (start, end, recovered) of a student clock's utterances (spoken_of) published
+        before this process knew them."""
 
     # ---- the worker's side ----
     async def ensure_group(self) -> None:

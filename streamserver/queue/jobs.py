@@ -33,6 +33,7 @@ def encode_job(u: Utterance) -> dict[str, bytes | str]:
     if u.stream_span is not None:
         fields["stream_span"] = f"{u.stream_span[0]!r},{u.stream_span[1]!r}"
         fields["recovered"] = "1" if u.recovered else "0"
+        fields["stream_clock"] = u.stream_clock
     return fields
 
 
@@ -48,6 +49,7 @@ def decode_job(fields: dict[bytes, bytes]) -> Utterance:
             digest=fields.get(b"digest", b"").decode(),  # absent in jobs of older gateways
             stream_span=_span(fields.get(b"stream_span")),
             recovered=fields.get(b"recovered") == b"1",
+            stream_clock=fields.get(b"stream_clock", b"").decode(),
             **text,
         )
     except (KeyError, ValueError, UnicodeDecodeError) as error:

@@ -18,7 +18,7 @@ from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance
 from streamserver.queue.base import (
     HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, SPOKEN_KEPT_S, Bounds, Entry, QueueFull, Speculation, covered,
-    wanted_hints,
+    spoken_of, wanted_hints,
 )
 
 ALIVE_TTL_S = 1.0  # as the Redis queue's: a worker silent this long has no capacity
@@ -45,7 +45,7 @@ class MemoryQueue:
         self._hints: OrderedDict[str, tuple[Utterance, float]] = OrderedDict()
         self._speculations: OrderedDict[str, tuple[Speculation, float]] = OrderedDict()
         # (room, student) -> spans published, on the student's clock (queue/base.py: covered)
-        self._spoken: OrderedDict[tuple[str, str], list[tuple[float, float]]] = OrderedDict()
+        self._spoken: OrderedDict[tuple[str, str], list[tuple[float, float, bool]]] = OrderedDict()
 
     async def submit(self, u: Utterance) -> str:
         b, student = self.bounds, (u.room_id, u.student_id)
@@ -106,27 +106,39 @@ class MemoryQueue:
         self._speculations.pop(event.utterance_id, None)
         if event.utterance_id in self._done:
             return False
-        spoken = self._spoken_of(event.room_id, event.student_id)
-        span = (event.stream_start, event.stream_end) if event.stream_start is not None else None
+        spoken = self._spoken_of(event.room_id, spoken_of(event))
+        span = (event.stream_start, event.stream_end, event.recovered) if event.stream_start is not None else None
         if span and covered(spoken, *span):  # a copy of a published utterance, sent again after a break
             self._remember_done(event.utterance_id)
             return False
-        if not await self.publisher.publish(event):
-            raise ConnectionError(f"the bus did not take the result of utterance {event.utterance_id}")
+        # Done and recorded before the publication is awaited: an original and its copy finishing
+        # together cannot both pass; a bus that refuses undoes it (the caller retries).
         self._remember_done(event.utterance_id)
         if span:
-            spoken[:] = [s for s in spoken if s[1] > span[1] - SPOKEN_KEPT_S] + [span]
+            spoken.append(span)
+        try:
+            if not await self.publisher.publish(event):
+                raise ConnectionError(f"the bus did not take the result of utterance {event.utterance_id}")
+        except BaseException:
+            self._done.pop(event.utterance_id, None)
+            if span and span in spoken:
+                spoken.remove(span)
+            raise
+        if span:
+            spoken[:] = [s for s in spoken if s[1] > span[1] - SPOKEN_KEPT_S]
         return True
 
-    def remember_spoken(self, room_id: str, student_id: str, spans: list[tuple[float, float]]) -> None:
-        """Spans published before this process started (from the room's history): a `serve`
-        restarted keeps no record of its own."""
-        spoken = self._spoken_of(room_id, student_id)
-        spoken += [s for s in spans if s not in spoken]
+    keeps_spoken = False  # a restarted `serve` starts empty: the room's history refills it
 
-    def _spoken_of(self, room_id: str, student_id: str) -> list[tuple[float, float]]:
-        """The student's record, the most recently used kept (SPOKEN_STUDENTS)."""
-        key = (room_id, student_id)
+    def remember_spoken(self, room_id: str, spoken: str, spans: list[tuple[float, float, bool]]) -> None:
+        """Spans published before this process started (from the room's history)."""
+        record = self._spoken_of(room_id, spoken)
+        record += [s for s in spans if s not in record]
+
+    def _spoken_of(self, room_id: str, spoken: str) -> list[tuple[float, float, bool]]:
+        """A student clock's record (queue/base.py spoken_of), the most recently used kept
+        (SPOKEN_STUDENTS)."""
+        key = (room_id, spoken)
         spoken = self._spoken.pop(key, [])
         self._spoken[key] = spoken
         if len(self._spoken) > SPOKEN_STUDENTS:

@@ -27,7 +27,7 @@ from streamserver.bus.keys import (
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
 from streamserver.queue.base import (
     HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, SPOKEN_KEPT_S, SPOKEN_OVERLAP, Bounds, Entry, QueueFull,
-    Speculation, span_args, wanted_hints,
+    Speculation, span_args, spoken_of, wanted_hints,
 )
 from streamserver.queue.jobs import JobError, decode_job, encode_job, pack_hint, unpack_hint
 
@@ -105,25 +105,28 @@ return 1
 # Publish an utterance's result once: the done key decides (SET NX); the first result is
 # published, appended to the room's history, and a final also to the class transcript. Shared by
 # the worker's completion and the fallback's claim, so both go through one guard. A result placed
-# on its student's clock (span start, end; '' for none) is remembered there, and one that a
-# published one covers is a copy (the page sent the audio again after a break: queue/base.py).
+# on its student's clock (span start, end; '' for none) is remembered there, and one that
+# published ones cover is a copy (the page sent the audio again after a break: queue/base.py).
 # publish_once(done, history, transcript, channel, event, history length, done TTL, history
 # field, is a final ('1'/'0'), retention, spoken, span start, span end, recovered ('1'/'0'))
 # -> whether this result was the first.
 _PUBLISH_ONCE = """
-local function covered(spoken, s, e)
+local function covered(spoken, s, e, recovered)
+  local shared = 0
   for _, m in ipairs(redis.call('ZRANGEBYSCORE', spoken, s, '+inf')) do
-    local ps, pe = string.match(m, '^([^,]+),([^,]+),')
+    local ps, pe, pr = string.match(m, '^([^,]+),([^,]+),([01]),')
     ps, pe = tonumber(ps), tonumber(pe)
-    if math.min(e, pe) - math.max(s, ps) >= OVERLAP * math.min(e - s, pe - ps) then return true end
+    if ps and (recovered == '1' or pr == '1') then
+      shared = shared + math.max(0, math.min(e, pe) - math.max(s, ps))
+    end
   end
-  return false
+  return shared >= OVERLAP * math.max(e - s, 0.001)
 end
 local function publish_once(done, history, transcript, channel, event, history_len, ttl, field, final, retention,
                             spoken, span_start, span_end, recovered)
   if redis.call('EXISTS', done) == 1 then return false end
   local s, e = tonumber(span_start), tonumber(span_end)
-  if s and covered(spoken, s, e) then
+  if s and covered(spoken, s, e, recovered) then
     redis.call('SET', done, '2', 'EX', ttl)  -- 2: a copy of a published utterance
     return false
   end
@@ -135,7 +138,7 @@ local function publish_once(done, history, transcript, channel, event, history_l
     redis.call('EXPIRE', transcript, retention)
   end
   if s then
-    redis.call('ZADD', spoken, e, span_start .. ',' .. span_end .. ',' .. string.sub(done, -32))
+    redis.call('ZADD', spoken, e, span_start .. ',' .. span_end .. ',' .. recovered .. ',' .. string.sub(done, -32))
     redis.call('ZREMRANGEBYSCORE', spoken, '-inf', e - SPOKEN_KEPT)
     redis.call('EXPIRE', spoken, SPOKEN_KEPT)
   end
@@ -277,14 +280,16 @@ class RedisQueue:
             found = await pipe.execute()
         return {uid for uid, hit in zip(utterance_ids, found) if hit}
 
-    def remember_spoken(self, room_id: str, student_id: str, spans: list[tuple[float, float]]) -> None:
-        """Nothing to do: Redis keeps the spoken record (spoken_key) through restarts of anyone."""
+    keeps_spoken = True  # Redis keeps the spoken record (spoken_key) through restarts of anyone
+
+    def remember_spoken(self, room_id: str, spoken: str, spans: list[tuple[float, float, bool]]) -> None:
+        """Nothing to do: keeps_spoken."""
 
     async def claim(self, event: TranscriptEvent) -> bool:
         """Publish a result made outside the workers unless the utterance was published already
         (True: this one is the room's)."""
         keys = [done_key(event.utterance_id), history_key(event.room_id), transcript_key(event.room_id),
-                spoken_key(event.room_id, event.student_id)]
+                spoken_key(event.room_id, spoken_of(event))]
         event_json = event.to_json()
         args = [room_channel(event.room_id), event_json, self.history_len, int(DONE_TTL_S), HISTORY_FIELD,
                 int(is_final_transcript(event_json)), self.transcript_retention_s, *span_args(event)]
@@ -394,7 +399,7 @@ class RedisQueue:
 
     async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
         keys = [done_key(u.utterance_id), history_key(u.room_id), JOBS, BACKLOG, transcript_key(u.room_id),
-                spoken_key(u.room_id, u.student_id)]
+                spoken_key(u.room_id, spoken_of(event))]
         event_json = event.to_json()
         args = [room_channel(u.room_id), event_json, self.history_len, JOB_GROUP, entry_id, int(DONE_TTL_S), HISTORY_FIELD,
                 *backlog_fields(u.room_id, u.student_id), int(is_final_transcript(event_json)), self.transcript_retention_s,

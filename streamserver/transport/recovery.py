@@ -4,7 +4,8 @@ audio, whatever balances the load).
 
 page -> server (JSON text, unless said otherwise):
   {"type": "mark", "t": T}        the page's newest microphone sample is at stream time T (seconds
-                                  on its own clock, audio/timeline.py): 8 at 250 ms, then every 5 s
+                                  on its own clock, audio/timeline.py): 8 at 250 ms, then every 5 s;
+                                  the first places the live audio, each dates what is sent again
   {"type": "catchup", "from": F}  after a reconnect: what the server had not acknowledged follows,
   binary messages                 from stream time F: 16 kHz mono little-endian PCM16,
   {"type": "caught_up"}           up to the live audio's start (live_from); then the live audio
@@ -70,10 +71,13 @@ def handle(audio: StudentAudio, message: str | bytes, send: Callable[[dict], Non
     elif kind == "catchup":
         if not audio.catching_up:
             raise ChannelError("a catch-up needs an offer that announced it (recovery.catch_up)")
-        audio.start_catch_up(_time(body, "from"), pacer())
+        try:
+            audio.start_catch_up(_time(body, "from"), pacer())
+        except ValueError as error:
+            raise ChannelError(str(error)) from None
         log.info("student %s sends its audio again from %.1f s of its clock", audio.student_id, body["from"])
     elif kind == "caught_up":
-        audio.end_catch_up()
+        audio.end_catch_up(complete=True)
         log.info("student %s caught up", audio.student_id)
     elif kind == "bye":
         audio.said_bye = True

@@ -9,9 +9,10 @@ Protocol (after the route has checked the student token, see streamserver/api/ap
             bytes is typical), or with "opus" one Opus packet each (48 kHz; mono or stereo)
 A client that keeps its audio to send it again after a break (the load simulator's students, as
 the student page does over WebRTC: transport/recovery.py) says so in the format message:
-  {"format": ..., "keeps": {"start": F, "now": T, "live_from": L}}: its first sample is at stream
-  time F (seconds on its own clock), its clock reads T now, and audio before L is sent again (a
-  reconnect with `catch_up=1` in the URL); then
+  {"format": ..., "keeps": {"start": F, "now": T, "live_from": L, "clock": C}}: its first sample
+  is at stream time F (seconds on its own clock, named C: a new one whenever it starts again at
+  0), its clock reads T now, and audio before L is sent again (a reconnect with `catch_up=1` in
+  the URL); then
   server -> {"type": "ack", "t": A, "ts": S} every 0.5 s: its audio before A is safe.
 A close of the client's with code 1000 or 1001 is a goodbye: its last speech is flushed; a stream
 that breaks off keeps it for the client to send again.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Awaitable, Callable
 
 import av
@@ -84,7 +86,7 @@ class OpusDecoder:
 MAX_TEXT_CHARS = 256  # {"format": "pcm16"} is 19
 
 
-def _read_format(text: str) -> tuple[str, dict[str, float | None] | None]:
+def _read_format(text: str) -> tuple[str, dict | None]:
     """The format, and where the client's audio lies on its stream clock if it keeps it."""
     if len(text) > MAX_TEXT_CHARS:
         raise BadInput(f"a text message of {len(text)} characters is over {MAX_TEXT_CHARS}", CLOSE_UNSUPPORTED)
@@ -105,7 +107,10 @@ def _read_format(text: str) -> tuple[str, dict[str, float | None] | None]:
         times[key] = value
     if times["start"] is None or times["now"] is None:
         raise BadInput("keeps needs the stream times start and now", CLOSE_UNSUPPORTED)
-    return message["format"], times
+    clock = keeps.get("clock", "")
+    if not isinstance(clock, str) or not re.fullmatch(r"[A-Za-z0-9_-]{0,64}", clock):
+        raise BadInput("keeps.clock must be up to 64 letters, digits, - or _", CLOSE_UNSUPPORTED)
+    return message["format"], {**times, "clock": clock}
 
 
 def new_socket() -> web.WebSocketResponse:
@@ -114,7 +119,7 @@ def new_socket() -> web.WebSocketResponse:
     return web.WebSocketResponse(heartbeat=20, max_msg_size=TRANSPORT_LIMIT_BYTES)
 
 
-Keep = Callable[[dict[str, float | None]], None]
+Keep = Callable[[dict], None]
 
 
 async def serve(

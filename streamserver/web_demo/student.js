@@ -101,6 +101,9 @@ class KeptAudio {
   constructor() {
     this.buf = new Int16Array(KEEP_S * RATE);
     this.written = 0; // samples since recording started: the stream clock is written / RATE
+    // This clock's name: a reload or a new join starts another clock at 0, which the server must
+    // not take for the same speech as the old one's.
+    this.clock = [...crypto.getRandomValues(new Uint8Array(8))].map((b) => b.toString(16).padStart(2, '0')).join('');
   }
   push(samples) {
     const n = this.buf.length;
@@ -190,6 +193,7 @@ function openRecovery(s, pc, stale) {
       s.markTimer = setTimeout(mark, ++marks < MARKS_FAST ? MARK_EVERY_MS : MARK_LATER_MS);
     };
     mark();
+    if (stale()) return;
     s.heartbeatTimer = setInterval(() => {
       if (!stale() && s.serverKeeps && performance.now() - s.lastHeard > HEARTBEAT_MS) retry(s, 'the server stopped answering');
     }, 500);
@@ -245,7 +249,7 @@ async function postOffer(s, description) {
       body: JSON.stringify({
         token, sdp: description.sdp, type: description.type,
         student_name: s.name, ...(s.identity || {}),
-        ...(s.keeper ? { recovery: { catch_up: s.catchUpFrom !== null } } : {}),
+        ...(s.keeper ? { recovery: { catch_up: s.catchUpFrom !== null, clock: s.kept.clock } } : {}),
       }),
     });
   } catch (err) {
@@ -408,11 +412,13 @@ async function join(event) {
 
 function stop(s, message, state) {
   if (session !== s) return;
-  // A goodbye: the server flushes the last speech at once instead of keeping it for a reconnect.
-  if (s.channel?.readyState === 'open') s.channel.send(JSON.stringify({ type: 'bye' }));
+  // A goodbye: the server flushes the last speech at once instead of keeping it for a reconnect
+  // (the peer closes a moment later, so that the goodbye gets out first).
+  const bye = s.channel?.readyState === 'open';
+  if (bye) s.channel.send(JSON.stringify({ type: 'bye' }));
   session = null;
   clearTimeout(s.retryTimer);
-  closePeer(s);
+  if (bye) setTimeout(() => closePeer(s), 250); else closePeer(s);
   cancelAnimationFrame(s.meterFrame);
   s.stream?.getTracks().forEach((t) => t.stop());
   s.audioCtx.close();
