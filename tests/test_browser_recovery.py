@@ -123,6 +123,16 @@ def test_a_server_killed_and_restarted_loses_no_sentence(redis_url, tmp_path, le
     assert wer(texts, heard) <= baseline + 0.02
 
 
+BLIP_TAG = "streamserver-blip-test"
+
+
+def _remove_blip_rules() -> None:
+    listed = subprocess.run(["iptables", "-S", "INPUT"], capture_output=True, text=True).stdout
+    for line in listed.splitlines():
+        if BLIP_TAG in line and line.startswith("-A "):
+            subprocess.run(["iptables", "-D", *line.split()[1:]], capture_output=True)
+
+
 def _iptables(*rule: str) -> None:
     subprocess.run(["iptables", *rule], check=True, capture_output=True)
 
@@ -140,9 +150,11 @@ def _can_block() -> bool:
 @pytest.mark.skipif(not _can_block(), reason="blocking the page's traffic needs iptables as root")
 def test_a_ten_second_network_blip_loses_no_sentence(redis_url, tmp_path, lesson_track, baseline):
     mic, texts = lesson_track
+    _remove_blip_rules()  # left behind by a run that was killed mid-blip
     with ServerProcess("--redis-url", redis_url) as server:
-        rules = [["INPUT", "-i", "lo", "-p", "udp", "-j", "DROP"],
-                 ["INPUT", "-i", "lo", "-p", "tcp", "--dport", str(server.port), "-j", "DROP"]]
+        tag = ["-m", "comment", "--comment", BLIP_TAG]  # so that a later run can find and remove them
+        rules = [["INPUT", "-i", "lo", "-p", "udp", *tag, "-j", "DROP"],
+                 ["INPUT", "-i", "lo", "-p", "tcp", "--dport", str(server.port), *tag, "-j", "DROP"]]
 
         def blip() -> None:
             for rule in rules:
