@@ -25,6 +25,7 @@ from streamserver.config import Settings
 from streamserver.events import RoomClosedEvent, StudentEvent, now
 from streamserver.loop_lag import LoopLag
 from streamserver.metrics import Metrics
+from streamserver.queue.base import spoken_of
 from streamserver.queue.sink import Busy, UtteranceSink
 from streamserver.rooms.admission import Admission, AddressLimits
 from streamserver.rooms.directory import RoomDirectory
@@ -284,11 +285,9 @@ class Classroom:
             self._ended(room, student_id, audio)
 
     def _ended(self, room: Room, student_id: str, audio: StudentAudio) -> None:
-        if audio.closed:
-            pass
-        elif audio.kept and not audio.said_bye:
+        if audio.kept and not audio.said_bye and not audio.closed:
             self._park(room, student_id, audio)
-        else:
+        elif not audio.closed:
             audio.close()
         if self.is_current(room, student_id, audio):  # not a peer already replaced by a reconnect
             del self.connections[(room.room_id, student_id)]
@@ -329,7 +328,7 @@ class Classroom:
             if (event.get("student_id") == student_id and event.get("stream_clock", "") == clock
                     and event.get("stream_start") is not None):
                 spans.append((float(event["stream_start"]), float(event["stream_end"]), bool(event.get("recovered"))))
-        self.sink.queue.remember_spoken(room.room_id, f"{student_id}:{clock}", spans)
+        self.sink.queue.remember_spoken(room.room_id, spoken_of(student_id, clock), spans)
 
     def spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)

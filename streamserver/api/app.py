@@ -20,6 +20,7 @@ from aiohttp import WSMsgType, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from streamserver.asr.worker import AsrWorker
+from streamserver.audio.timeline import CLOCK_NAME
 from streamserver.bus.redis import BusError
 from streamserver.classroom import Classroom
 from streamserver.metrics import CONTENT_TYPE, Metrics
@@ -170,7 +171,7 @@ async def offer(request: web.Request) -> web.Response:
     name = _student_name(name, "student_name")
     keeps = body.get("recovery")  # the page keeps its audio (transport/recovery.py)
     if keeps is not None and not (isinstance(keeps, dict) and isinstance(keeps.get("catch_up", False), bool)
-                                  and re.fullmatch(r"[A-Za-z0-9_-]{0,64}", str(keeps.get("clock", "")))):
+                                  and CLOCK_NAME.fullmatch(str(keeps.get("clock", "")))):
         return _error(400, "recovery must be {'catch_up': true|false, 'clock': up to 64 letters, digits, - or _}")
     student = identify(request.app[CLASSROOM].settings.secret, room.room_id, body.get("student_id"), body.get("resume"))
     try:

@@ -71,7 +71,6 @@ class StudentAudio:
         self._held_samples = 0
         self._wait_until = 0.0  # monotonic: the catch-up is given up after this
         self._catch_up_pacer: Pacer | None = None
-        self._catch_up_from: float | None = None
         self._ack_cap: float | None = None  # a catch-up that stopped short: acks stay before its hole
         self.stream_clock = ""
         self.said_bye = False  # the page left on purpose: its last speech is flushed, not kept
@@ -99,11 +98,13 @@ class StudentAudio:
         if not self._live_run:
             self._live_run = True
             self.clock.add_run(self._fed, self._live_start)
-        ts = None
-        if self._fed < self._recovered_before and self._offset is not None:  # sent again: dated when spoken
-            end = self.clock.at(self._fed + pcm.size)
-            ts = end + self._offset if end is not None else None
-        self._feed(pcm, ts)
+        sent_again = self._fed < self._recovered_before  # dated when it was spoken, not now
+        self._feed(pcm, self._spoken_at(self._fed + pcm.size) if sent_again else None)
+
+    def _spoken_at(self, sample: int) -> float | None:
+        """When a sample was spoken, on the server clock (None while the clocks are not tied)."""
+        at = self.clock.at(sample)
+        return at + self._offset if at is not None and self._offset is not None else None
 
     def _feed(self, pcm: np.ndarray, ts: float | None = None) -> None:
         self._segmenter.feed(pcm, ts)
@@ -155,7 +156,7 @@ class StudentAudio:
         if self._held is None or self._catch_up_pacer is not None:
             raise ValueError("one catch-up per connection, announced by its offer")
         self.clock.add_run(self._fed, start)
-        self._catch_up_pacer, self._catch_up_from = pacer, start
+        self._catch_up_pacer = pacer
         self._wait_until = time.monotonic() + CATCH_UP_WAIT_S
 
     def push_catch_up(self, pcm: np.ndarray) -> None:
@@ -163,9 +164,7 @@ class StudentAudio:
         if self._held is None or self._catch_up_pacer is None:
             raise ValueError("no catch-up is under way")
         self._catch_up_pacer.take(pcm.size)
-        end = self.clock.at(self._fed + pcm.size)
-        ts = end + self._offset if end is not None and self._offset is not None else None
-        self._feed(pcm, ts)
+        self._feed(pcm, self._spoken_at(self._fed + pcm.size))
         self._wait_until = time.monotonic() + CATCH_UP_WAIT_S
 
     def end_catch_up(self, complete: bool = False) -> None:

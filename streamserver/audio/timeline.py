@@ -12,9 +12,13 @@ off by the difference of two network paths, tens of milliseconds.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from engines.features import SAMPLE_RATE
+
+# What a clock's name may be (the page's and the simulator's are 16 hex digits).
+CLOCK_NAME = re.compile(r"[A-Za-z0-9_-]{0,64}")
 
 
 @dataclass

@@ -34,6 +34,12 @@ class JoinRefused(AssertionError):
         self.busy = status == 503 or '"busy"' in message  # the workers are full, not the room
 
 
+def next_url(urls: list[str], url: str) -> str:
+    """The server after `url` in a run's list (its first for one not in it): where a student or a
+    dashboard whose server is gone tries next."""
+    return urls[(urls.index(url) + 1) % len(urls)] if url in urls else urls[0]
+
+
 def admin_headers(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import aiohttp
 
 from streamserver.loadsim import report
-from streamserver.loadsim.clients import Dashboard, create_room
+from streamserver.loadsim.clients import Dashboard, create_room, next_url
 from streamserver.loadsim.measure import Tally
 from streamserver.loadsim.students import StudentPlan, StudentPool
 
@@ -141,8 +141,7 @@ class Run:
                 await dashboard.closed()
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
                 self.tally.error("feed", f"{type(error).__name__}: {error}")
-                urls = self.config.urls  # a gateway gone: its rooms are served by the others (Redis)
-                url = urls[(urls.index(url) + 1) % len(urls)]
+                url = next_url(self.config.urls, url)  # a gateway gone: its rooms are served by the others (Redis)
             finally:
                 await dashboard.close()
             await asyncio.sleep(1.0)

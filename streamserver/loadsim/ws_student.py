@@ -24,7 +24,7 @@ from typing import Callable
 
 import aiohttp
 
-from streamserver.loadsim.clients import JoinRefused, token_of
+from streamserver.loadsim.clients import JoinRefused, next_url, token_of
 from streamserver.loadsim.scenario import RATE, Turn
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ class WsStudent:
                 log.debug("student %s: reconnect through %s failed: %s", self.student_id, self.url, error)
                 await asyncio.sleep(RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)])
                 attempt += 1
-                self.url = urls[(urls.index(self.url) + 1) % len(urls)] if self.url in urls else urls[0]
+                self.url = next_url(urls, self.url)
                 continue
             self.reconnects += 1
             began, start = time.monotonic(), self._sent

@@ -78,9 +78,9 @@ SPOKEN_OVERLAP = 0.5
 SPOKEN_KEPT_S = 600  # how far back (student clock seconds) published utterances are remembered
 
 
-def spoken_of(event: TranscriptEvent) -> str:
+def spoken_of(student_id: str, clock: str) -> str:
     """Whose clock a transcript's span is on: a student's page load."""
-    return f"{event.student_id}:{event.stream_clock}"
+    return f"{student_id}:{clock}"
 
 
 def span_args(event: TranscriptEvent) -> list[str]:

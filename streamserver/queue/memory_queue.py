@@ -106,7 +106,7 @@ class MemoryQueue:
         self._speculations.pop(event.utterance_id, None)
         if event.utterance_id in self._done:
             return False
-        spoken = self._spoken_of(event.room_id, spoken_of(event))
+        spoken = self._spoken_of(event.room_id, spoken_of(event.student_id, event.stream_clock))
         span = (event.stream_start, event.stream_end, event.recovered) if event.stream_start is not None else None
         if span and covered(spoken, *span):  # a copy of a published utterance, sent again after a break
             self._remember_done(event.utterance_id)

@@ -289,7 +289,7 @@ class RedisQueue:
         """Publish a result made outside the workers unless the utterance was published already
         (True: this one is the room's)."""
         keys = [done_key(event.utterance_id), history_key(event.room_id), transcript_key(event.room_id),
-                spoken_key(event.room_id, spoken_of(event))]
+                spoken_key(event.room_id, spoken_of(event.student_id, event.stream_clock))]
         event_json = event.to_json()
         args = [room_channel(event.room_id), event_json, self.history_len, int(DONE_TTL_S), HISTORY_FIELD,
                 int(is_final_transcript(event_json)), self.transcript_retention_s, *span_args(event)]
@@ -399,7 +399,7 @@ class RedisQueue:
 
     async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
         keys = [done_key(u.utterance_id), history_key(u.room_id), JOBS, BACKLOG, transcript_key(u.room_id),
-                spoken_key(u.room_id, spoken_of(event))]
+                spoken_key(u.room_id, spoken_of(event.student_id, event.stream_clock))]
         event_json = event.to_json()
         args = [room_channel(u.room_id), event_json, self.history_len, JOB_GROUP, entry_id, int(DONE_TTL_S), HISTORY_FIELD,
                 *backlog_fields(u.room_id, u.student_id), int(is_final_transcript(event_json)), self.transcript_retention_s,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from typing import Awaitable, Callable
 
 import av
@@ -32,6 +31,7 @@ import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from streamserver.audio.pacing import TooFast
+from streamserver.audio.timeline import CLOCK_NAME
 from streamserver.audio.resample import RATE, To16kMono
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def _read_format(text: str) -> tuple[str, dict | None]:
     if times["start"] is None or times["now"] is None:
         raise BadInput("keeps needs the stream times start and now", CLOSE_UNSUPPORTED)
     clock = keeps.get("clock", "")
-    if not isinstance(clock, str) or not re.fullmatch(r"[A-Za-z0-9_-]{0,64}", clock):
+    if not isinstance(clock, str) or not CLOCK_NAME.fullmatch(clock):
         raise BadInput("keeps.clock must be up to 64 letters, digits, - or _", CLOSE_UNSUPPORTED)
     return message["format"], {**times, "clock": clock}
 
