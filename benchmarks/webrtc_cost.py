@@ -12,7 +12,9 @@ By default their microphones are loadsim's pre-encoded Opus (OpusPlanTrack: the 
 is small), each on a clock of its own, so that packets arrive spread over each 20 ms as they do
 from browsers (`--client packets`: on one clock, every student's packet at once, as loadsim sends
 them; `--client aiortc`: aiortc's MediaPlayer, which encodes for every student and falls behind
-real time past ~30 students on 2 cores). Once every student is connected and a few seconds have passed, the
+real time past ~30 students on 2 cores). The pre-encoded students use DTX as the server's answer
+asks (a silent student sends ~5 packets a second: transport/dtx.py); `--no-dtx`: every packet,
+as from a noisy room where the encoder never goes quiet. Once every student is connected and a few seconds have passed, the
 gateway's CPU (utime + stime of /proc/<pid>/stat, all its threads) and this process's (the
 simulated students) are read over a --window of seconds; the cost per student-second divides by
 the seconds students were streaming within it. RSS per student is the gateway's VmRSS at the end
@@ -121,7 +123,7 @@ async def packets_sent(students: list[Student]) -> int:
 
 
 async def simulate(url: str, admin_token: str, n: int, window_s: float, speak_ratio: float, seed: int,
-                   gateway_pid: int, worker_pid: int, client: str, recovery_channel: bool = False) -> dict:
+                   gateway_pid: int, worker_pid: int, client: str, recovery_channel: bool = False, dtx: bool = True) -> dict:
     students: list[Student] = []
     join_failures: Counter = Counter()
     audio_dir = Path(tempfile.mkdtemp(prefix="webrtc-cost-"))
@@ -145,7 +147,7 @@ async def simulate(url: str, admin_token: str, n: int, window_s: float, speak_ra
                 student = Student(i, microphone(client, i, end, speak_ratio, seed, clock, audio_dir))
                 try:
                     student.pc = await join_student(session, url, room, f"s{i:04d}", student.track,
-                                                    recovery_channel=recovery_channel)
+                                                    recovery_channel=recovery_channel, dtx=dtx)
                 except JoinRefused as error:
                     join_failures[str(error.status)] += 1
                     return
@@ -228,6 +230,8 @@ def main() -> int:
                    help="; ".join(f"{k}: {v}" for k, v in CLIENTS.items()) + " (default %(default)s)")
     p.add_argument("--recovery-channel", action="store_true",
                    help="every student opens the student page's recovery data channel and sends its marks (acks come back)")
+    p.add_argument("--no-dtx", action="store_true",
+                   help="the students send every packet though the server asks for DTX (a noisy room, where the encoder never goes quiet)")
     p.add_argument("--label", default="", help="what is measured (e.g. the commit or the step)")
     p.add_argument("--gateway-args", default="", help="more arguments for the gateway")
     p.add_argument("--uvloop", action="store_true", help="run the gateway on uvloop's event loop (pip install uvloop)")
@@ -277,14 +281,14 @@ def main() -> int:
                 print(f"{n} WebRTC students, window {args.window:.0f}s", file=sys.stderr, flush=True)
                 with asyncio.Runner(loop_factory=DrainingEventLoop) as runner:  # the students' UDP read as loadsim reads it
                     result = runner.run(simulate(url, token, n, args.window, args.speak_ratio, args.seed, gateway.pid, worker.pid,
-                                                 args.client, args.recovery_channel))
+                                                 args.client, args.recovery_channel, not args.no_dtx))
             finally:
                 gateway.terminate()
                 gateway.wait(10)
             result.update(label=args.label, event_loop="uvloop" if args.uvloop else "asyncio",
                           gateway_main=str(args.gateway_main or "python -m streamserver"), commit=commit + ("+dirty" if dirty else ""), client=CLIENTS[args.client],
                           speak_ratio=args.speak_ratio, cpus=os.cpu_count(), date=time.strftime("%Y-%m-%d %H:%M"),
-                          recovery_channel=args.recovery_channel)
+                          recovery_channel=args.recovery_channel, dtx=not args.no_dtx)
             print(json.dumps(result), file=sys.stderr, flush=True)
             results.append(result)
     finally:

@@ -242,7 +242,7 @@ class Classroom:
         try:
             pc, answer_sdp = await webrtc.answer(
                 offer_sdp, self.settings.ice_servers, audio.push_pcm16, lambda: self._ended(room, student_id, audio),
-                self.candidates, on_channel,
+                self.candidates, on_channel, lambda: audio.utterance_open,
             )
         except BaseException:
             if new:  # never announced: the seat goes back at once

@@ -92,6 +92,9 @@ def test_browser_student_to_teacher_dashboard_through_redis(redis_url, tmp_path,
             latencies = teacher.eval_on_selector_all(".transcript:not(.partial) .latency", "els => els.map(e => e.textContent)")
             browser.close()
 
+    # Chromium honoured the answer's usedtx=1 (transport/dtx.py): in the gaps it sent DTX packets.
+    ended = [line for line in server.log.read_text().splitlines() if "WebRTC audio stream ended" in line]
+    assert ended and int(ended[-1].split("(")[1].split()[0]) > 0, ended
     assert not violations, violations
     assert not referers, referers
 

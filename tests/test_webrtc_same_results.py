@@ -12,8 +12,10 @@ speech's onset: they must agree within one VAD frame (30 ms), and the transcript
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
 from fractions import Fraction
 
 import aiohttp
@@ -27,7 +29,9 @@ from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import MediaStreamError
 
 from streamserver.audio.pipeline import StudentAudio
+from streamserver.classroom import Classroom
 from streamserver.config import Settings
+from streamserver.events import Utterance
 from streamserver.loadsim.clients import Dashboard, create_room, join_student, speech_file, token_of
 from streamserver.server import serve_app
 
@@ -72,6 +76,41 @@ async def aiortc_decoded(audio: StudentAudio, wav) -> tuple[RTCPeerConnection, R
     return server, client
 
 
+def fed_to_vad(monkeypatch) -> dict[str, list[np.ndarray]]:  # noqa: ANN001 - pytest's
+    """From now on, each student's live audio as its VAD gets it, by student name."""
+    streams: dict[str, list[np.ndarray]] = defaultdict(list)
+    push = StudentAudio.push_pcm16
+
+    def recorded(self: StudentAudio, samples: np.ndarray) -> None:
+        streams[self.student_name].append(np.array(samples, np.int16))
+        push(self, samples)
+
+    monkeypatch.setattr(StudentAudio, "push_pcm16", recorded)
+    return streams
+
+
+@contextlib.asynccontextmanager
+async def serving(engine, admin: str, cut: dict[str, list], on_cut: Callable[[Utterance], None] = lambda u: None,
+                  ) -> AsyncIterator[tuple[str, Classroom]]:  # noqa: ANN001 - an Engine
+    """`serve` in this process (its URL, its Classroom); every utterance its VAD cuts is noted
+    in cut[student name] (and given to on_cut) on its way to recognition."""
+    app, classroom = serve_app(Settings(admin_token=admin, ice_hosts=["127.0.0.1"]), engine, None)
+    submit = classroom.sink.submit
+
+    def keep(utterance: Utterance) -> None:
+        cut[utterance.student_name].append(utterance)
+        on_cut(utterance)
+        submit(utterance)
+
+    classroom.sink.submit = keep  # type: ignore[method-assign]
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/"), classroom
+    finally:
+        await server.close()
+
+
 def opus_as_aiortc_sends(pcm: np.ndarray) -> list[bytes]:
     """The packets an aiortc student sends for this audio: aiortc's own encoder (48 kHz stereo,
     96 kb/s, VoIP), fed as its MediaPlayer feeds it."""
@@ -105,29 +144,11 @@ def test_webrtc_and_ws_ingest_cut_the_same_utterances(tiny_engine, librivox, tmp
     pcm = (np.clip(np.concatenate([np.zeros(RATE, np.float32), speech, np.zeros(int(1.5 * RATE), np.float32)]), -1, 1)
            * 32767).astype(np.int16)  # the same samples as the file
 
-    streams: dict[str, list[np.ndarray]] = defaultdict(list)  # what each student's VAD was fed
-    push = StudentAudio.push_pcm16
-
-    def recorded(self: StudentAudio, samples: np.ndarray) -> None:
-        streams[self.student_name].append(np.array(samples, np.int16))
-        push(self, samples)
-
-    monkeypatch.setattr(StudentAudio, "push_pcm16", recorded)
+    streams = fed_to_vad(monkeypatch)  # what each student's VAD was fed
     cut: dict[str, list] = defaultdict(list)
 
     async def body() -> tuple[list[dict], dict[str, np.ndarray]]:
-        app, classroom = serve_app(Settings(admin_token=ADMIN, ice_hosts=["127.0.0.1"]), tiny_engine, None)
-        submit = classroom.sink.submit
-
-        def keep(utterance) -> None:  # noqa: ANN001 - an Utterance
-            cut[utterance.student_name].append(utterance)
-            submit(utterance)
-
-        classroom.sink.submit = keep
-        server = TestServer(app, host="127.0.0.1")
-        await server.start_server()
-        url = str(server.make_url("")).rstrip("/")
-        try:
+        async with serving(tiny_engine, ADMIN, cut) as (url, classroom):
             async with aiohttp.ClientSession() as s:
                 room = await create_room(s, url, ADMIN, "same")
                 dashboard = await Dashboard().open(s, url, room)
@@ -151,8 +172,6 @@ def test_webrtc_and_ws_ingest_cut_the_same_utterances(tiny_engine, librivox, tmp
                     await asyncio.sleep(0.1)
                 await dashboard.close()
                 return dashboard.transcripts(), {name: np.concatenate(chunks) for name, chunks in streams.items()}
-        finally:
-            await server.close()
 
     transcripts, fed = asyncio.run(asyncio.wait_for(body(), 120))
     assert sorted(cut) == ["before", "webrtc", "ws-opus", "ws-pcm16"] and all(len(cut[name]) == 2 for name in cut), \

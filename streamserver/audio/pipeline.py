@@ -77,6 +77,12 @@ class StudentAudio:
         self.closed = False
         self.live_from_told = False  # the page was told where its live audio starts
 
+    @property
+    def utterance_open(self) -> bool:
+        """The VAD has an utterance open: the transport hands on a silent sender's silence on
+        time (transport/dtx.py)."""
+        return self._segmenter.in_utterance
+
     def push_frame(self, frame: av.AudioFrame) -> None:
         self.push_pcm16(self._resample.push(frame))
 

@@ -128,6 +128,11 @@ class UtteranceSegmenter:
         self._next_partial = max(1, self._partial_every // 2)  # voiced frames
 
     @property
+    def in_utterance(self) -> bool:
+        """An utterance is open: speech, or the hangover after it (its end waits for silence)."""
+        return self._triggered
+
+    @property
     def speaking(self) -> bool:
         """For the dashboard: only once the speech is long enough not to be a click or cough."""
         return self._triggered and (self._continued or self._voiced_count >= self._min_voiced)

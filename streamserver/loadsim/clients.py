@@ -19,6 +19,7 @@ from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import MediaStreamTrack
 
 from engines.features import SAMPLE_RATE
+from streamserver.transport.dtx import asks_for_dtx
 from streamserver.transport.webrtc import use_host_addresses
 
 # A feed event, the client clock when it arrived, and whether it is a replay of the room's history.
@@ -79,15 +80,16 @@ def token_of(link: str) -> str:
 
 async def join_student(
     session: aiohttp.ClientSession, url: str, room: dict, name: str, wav: Path | MediaStreamTrack,
-    identity: dict[str, str] | None = None, recovery_channel: bool = False,
+    identity: dict[str, str] | None = None, recovery_channel: bool = False, dtx: bool = True,
 ) -> RTCPeerConnection:
     """An aiortc student that plays `wav` as its microphone, once (aiortc's MediaPlayer: it
     encodes for this student), or sends what an audio track gives (webrtc_student.OpusPlanTrack:
-    packets encoded once per clip). The identity the server issued is left on the peer as
+    packets encoded once per clip, with DTX when the server's answer asks for it). The identity the server issued is left on the peer as
     `pc.identity` (student_id and resume secret, also `pc.student_id`); pass it back to
     reconnect as the same student. `recovery_channel`: it opens the student page's recovery data
     channel and sends its marks, so that the server pays for it as for a page (acks come back;
-    this student keeps no audio: it never catches up)."""
+    this student keeps no audio: it never catches up). `dtx` False: DTX is never used (a noisy
+    room, where the encoder never goes quiet)."""
     use_host_addresses(["127.0.0.1"])
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     track = wav if isinstance(wav, MediaStreamTrack) else MediaPlayer(str(wav), loop=False).audio
@@ -107,6 +109,8 @@ async def join_student(
             raise JoinRefused(r.status, await r.text())
         answer = await r.json()
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
+    if dtx and hasattr(track, "use_dtx") and asks_for_dtx(answer["sdp"]):  # as a browser's encoder does
+        track.use_dtx()
     pc.student_id = answer["student_id"]  # type: ignore[attr-defined]
     pc.identity = {"student_id": answer["student_id"], "resume": answer["resume"]}  # type: ignore[attr-defined]
     return pc

@@ -5,8 +5,8 @@ student, instead of audio that aiortc would encode for each student in its threa
 aiortc's RTCRtpSender sends an `av.Packet` from a track as it is (it only packs it into RTP:
 `Encoder.pack`), so a track whose recv() returns Opus packets at the right times is a browser
 microphone as far as the server can tell: 20 ms packets on the 48 kHz RTP clock, continuous
-timestamps, a packet every 20 ms also in silence (browsers send no DTX by default: the server's
-VAD sees the silence that ends an utterance). Encoding per student instead (aiortc's MediaPlayer,
+timestamps; in silence, what a browser sends when the server's answer asks for DTX (its
+`usedtx=1`: transport/dtx.py), almost nothing, and otherwise a packet every 20 ms. Encoding per student instead (aiortc's MediaPlayer,
 a decoding thread per student and aiortc's Opus encoder in one thread pool: ~30 ms of CPU per
 student-second here, against ~3 ms for this client) saturated the simulator process at 40-50
 students on 2 cores: its audio fell behind real time (20 s behind after 40 s with 50 students),
@@ -27,13 +27,15 @@ import logging
 import random
 import struct
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from streamserver.loadsim.opus_encoder import OpusEncoder, sent_as_browser
 from streamserver.loadsim.scenario import RATE, Turn, load_clips
+from streamserver.transport.dtx import is_dtx
 from streamserver.loadsim.ws_student import PlayHooks
 
 OPUS_RATE = 48_000  # RTP's Opus clock, and what a browser's microphone captures at
@@ -46,6 +48,7 @@ BITRATE = 32_000  # a browser's default for mono speech
 # seams, and the encoder has settled before the speech starts).
 LEAD_PACKETS = 5
 TAIL_PACKETS = 10
+DTX_TAIL_PACKETS = 20  # libopus goes into DTX after 10 quiet frames: the clip ends with its DTX packet
 
 
 CONSENT_EXPIRED = "Consent to send expired"  # aioice's INFO line when it closes a connection for it
@@ -82,27 +85,24 @@ def on_consent_expired(listener: Callable[[], None]) -> None:
     _consent_watch().listeners.append(listener)
 
 
-def opus_packets(pcm16k: np.ndarray) -> list[bytes]:
+def opus_packets(pcm16k: np.ndarray, dtx: bool = False) -> list[bytes]:
     """16 kHz mono int16 as 20 ms Opus packets, mono at 48 kHz like a browser's (libopus picks
-    the coded bandwidth); the encoder's delay is flushed, so the audio ends inside the packets."""
-    encoder = av.CodecContext.create("libopus", "w")
-    encoder.sample_rate, encoder.layout, encoder.format = OPUS_RATE, "mono", "s16"
-    encoder.bit_rate, encoder.options = BITRATE, {"application": "voip"}
-    encoder.time_base = TIME_BASE
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=OPUS_RATE, frame_size=PACKET_SAMPLES)
+    the coded bandwidth), with DTX or without; a packet of silence after the audio carries the
+    end of the encoder's delay, so the audio ends inside the packets."""
+    encoder = OpusEncoder(OPUS_RATE, BITRATE, dtx)
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=OPUS_RATE)
     frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(pcm16k, dtype=np.int16)[None], format="s16", layout="mono")
     frame.sample_rate = RATE
-    frames = resampler.resample(frame) + resampler.resample(None)
-    packets: list[bytes] = []
-    for i, f in enumerate(frames):
-        if f.samples < PACKET_SAMPLES:  # the resampler's last partial frame: pad it to a whole packet
-            last = np.zeros((1, PACKET_SAMPLES), np.int16)
-            last[:, : f.samples] = f.to_ndarray()[:, : f.samples]
-            f = av.AudioFrame.from_ndarray(last, format="s16", layout="mono")
-            f.sample_rate = OPUS_RATE
-        f.pts = i * PACKET_SAMPLES
-        packets += [bytes(p) for p in encoder.encode(f)]
-    return packets + [bytes(p) for p in encoder.encode(None)]
+    pcm48k = np.concatenate([f.to_ndarray()[0] for f in resampler.resample(frame) + resampler.resample(None)])
+    pcm48k = np.concatenate([pcm48k, np.zeros(PACKET_SAMPLES + (-pcm48k.size) % PACKET_SAMPLES, np.int16)])
+    return [encoder.encode(pcm48k[i : i + PACKET_SAMPLES]) for i in range(0, pcm48k.size, PACKET_SAMPLES)]
+
+
+class EncodedClip(NamedTuple):
+    """A clip's packets as a browser sends them, with silence around them."""
+
+    packets: tuple[bytes, ...]  # without DTX: one every 20 ms
+    dtx: tuple[bytes | None, ...]  # with DTX (the server asks for it): None where nothing is sent
 
 
 @functools.cache
@@ -112,12 +112,25 @@ def silence_packet() -> bytes:
 
 
 @functools.cache
-def encoded_clips(frame_ms: int = 20) -> dict[str, tuple[bytes, ...]]:
+def dtx_silence() -> tuple[bytes | None, ...]:
+    """A silent microphone under DTX, one period of it (~400 ms), starting after a DTX packet:
+    nothing, then a comfort-noise update and the DTX packet that follows it."""
+    sent = sent_as_browser(opus_packets(np.zeros(RATE * 3, np.int16), dtx=True))
+    ends = [i for i in range(1, len(sent)) if sent[i] is not None and sent[i - 1] is not None and is_dtx(sent[i])]
+    return tuple(sent[ends[-2] + 1 : ends[-1] + 1])
+
+
+@functools.cache
+def encoded_clips(frame_ms: int = 20) -> dict[str, EncodedClip]:
     """Every shipped clip by name, encoded once per process (a few tens of ms each): LEAD_PACKETS
-    of silence, the clip, then silence."""
+    of silence, the clip, then silence (under DTX, long enough for the encoder to go quiet)."""
     pad = lambda n: np.zeros(n * int(RATE * PACKET_S), np.int16)  # noqa: E731
-    return {clip.name: tuple(opus_packets(np.concatenate([pad(LEAD_PACKETS), np.frombuffer(clip.pcm, "<i2"), pad(TAIL_PACKETS)])))
-            for clip in load_clips(frame_ms)}
+    out = {}
+    for clip in load_clips(frame_ms):
+        pcm = np.frombuffer(clip.pcm, "<i2")
+        out[clip.name] = EncodedClip(tuple(opus_packets(np.concatenate([pad(LEAD_PACKETS), pcm, pad(TAIL_PACKETS)]))),
+                                     tuple(sent_as_browser(opus_packets(np.concatenate([pad(LEAD_PACKETS), pcm, pad(DTX_TAIL_PACKETS)]), dtx=True))))
+    return out
 
 
 class PacketClock:
@@ -240,16 +253,18 @@ class FastRtp:
         self._ssrc = sender._ssrc
         self._pt = payload_type & 0x7F
         self._seq, self._ts = random.getrandbits(16), random.getrandbits(32)
+        self._sent = 0  # sequence numbers count the packets sent; under DTX fewer than the stream's 20 ms steps
 
     def send(self, index: int, payload: bytes) -> None:
-        """Packet `index` of the stream (ConnectionError once the connection is gone)."""
+        """Packet `index` (its 20 ms step) of the stream (ConnectionError once the connection is gone)."""
         pair = self._connection._nominated.get(1)
         transport = pair.protocol.transport if pair is not None else None
         if transport is None or transport.is_closing():
             raise ConnectionError("the student's ICE connection is closed")
-        header = _RTP_HEADER.pack(0x80, self._pt, (self._seq + index) & 0xFFFF,
+        header = _RTP_HEADER.pack(0x80, self._pt, (self._seq + self._sent) & 0xFFFF,
                                   (self._ts + index * PACKET_SAMPLES) & 0xFFFFFFFF, self._ssrc)
         transport.sendto(self._srtp.protect(header + payload), pair.remote_addr)
+        self._sent += 1
 
 
 _RTP_HEADER = struct.Struct("!BBHLL")
@@ -265,20 +280,23 @@ class OpusPlanTrack(_StudentTrack):
 
     The plan is drawn when aiortc asks for the first packet (the connection is up then), for the
     time left until `end` (epoch seconds): `planner(length_s)` returns the turns, which start after
-    `lead_s` of silence. The track ends after its last packet."""
+    `lead_s` of silence. The track ends after its last packet. use_dtx(), before the plan, makes it
+    send as a browser does when the server asks for DTX: almost nothing in silence."""
 
     def __init__(self, clock: PacketClock, planner: Callable[[float], list[Turn]], end: float, hooks: PlayHooks,
-                 lead_s: float = 0.5, clips: dict[str, tuple[bytes, ...]] | None = None) -> None:
+                 lead_s: float = 0.5, clips: dict[str, EncodedClip] | None = None) -> None:
         super().__init__([], hooks)
         self.clock = clock
         self.planner = planner
         self.end = end
         self.lead_s = lead_s
-        self.sent = 0  # packets handed to the sender
+        self.sent = 0  # the stream's 20 ms steps gone out (a packet handed to the sender, or none under DTX)
         self.total: int | None = None  # packets in the stream, once planned
         self._clips = clips if clips is not None else encoded_clips()
+        self.dtx = False
         self._silence = silence_packet()
-        self._blocks: list[tuple[int, tuple[bytes, ...]]] = []  # (first packet index, packets), in order
+        self._quiet_from = 0  # where the silence being sent began (the end of the last clip's packets)
+        self._blocks: list[tuple[int, tuple[bytes | None, ...]]] = []  # (first packet index, packets), in order
         self._block = 0
         self._first_tick = 0
         self._step = 1  # clock ticks per packet
@@ -288,6 +306,10 @@ class OpusPlanTrack(_StudentTrack):
         """Send this track's packets with FastRtp over `pc` rather than through aiortc's sender."""
         transceiver = next(t for t in pc.getTransceivers() if t.sender.track is self)
         self._fast = lambda: FastRtp(transceiver.sender, transceiver._codecs[0].payloadType)
+
+    def use_dtx(self) -> None:
+        """The server asked for DTX (its answer's `usedtx=1`: transport/dtx.py)."""
+        self.dtx = True
 
     @property
     def complete(self) -> bool:
@@ -299,7 +321,7 @@ class OpusPlanTrack(_StudentTrack):
         self.timetable.turns = turns
         self.total = int(length / PACKET_S)
         for turn in turns:
-            encoded = self._clips[turn.clip.name]
+            encoded = self._clips[turn.clip.name].dtx if self.dtx else self._clips[turn.clip.name].packets
             at = round(turn.start_s / PACKET_S) - LEAD_PACKETS
             if at < 0:  # the clip's leading silence would start before the stream: drop that much of it
                 encoded, at = encoded[-at:], 0
@@ -312,7 +334,8 @@ class OpusPlanTrack(_StudentTrack):
         self._step = max(1, round(PACKET_S / self.clock.packet_s))
         self._first_tick = self.clock.now() + 1 + random.randrange(self._step)
 
-    def _payload(self, index: int) -> bytes:
+    def _payload(self, index: int) -> bytes | None:
+        """Packet `index` of the stream; None: nothing is sent for it (DTX)."""
         while self._block < len(self._blocks):
             at, packets = self._blocks[self._block]
             if index < at:
@@ -320,7 +343,11 @@ class OpusPlanTrack(_StudentTrack):
             if index < at + len(packets):
                 return packets[index - at]
             self._block += 1
-        return self._silence
+            self._quiet_from = at + len(packets)
+        if not self.dtx:
+            return self._silence
+        quiet = dtx_silence()
+        return quiet[(index - self._quiet_from) % len(quiet)]
 
     async def recv(self) -> av.Packet:
         if self.readyState != "live":
@@ -330,15 +357,18 @@ class OpusPlanTrack(_StudentTrack):
         assert self.total is not None
         if self._fast is not None:  # bound: aiortc's sender waits here while FastRtp sends all
             await self._send_all(self._fast())
-        if self.sent >= self.total:
-            self.stop()
-            raise MediaStreamError
-        await self.clock.wait(self._first_tick + self.sent * self._step)
-        packet = av.Packet(self._payload(self.sent))
-        packet.pts, packet.time_base = self.sent * PACKET_SAMPLES, TIME_BASE
-        self.sent += 1
-        self.timetable.advance(self.sent * PACKET_S)
-        return packet
+        while True:
+            if self.sent >= self.total:
+                self.stop()
+                raise MediaStreamError
+            await self.clock.wait(self._first_tick + self.sent * self._step)
+            index, payload = self.sent, self._payload(self.sent)
+            self.sent += 1
+            self.timetable.advance(self.sent * PACKET_S)
+            if payload is not None:
+                packet = av.Packet(payload)
+                packet.pts, packet.time_base = index * PACKET_SAMPLES, TIME_BASE
+                return packet
 
 
     async def _send_all(self, fast: FastRtp) -> None:
@@ -346,7 +376,8 @@ class OpusPlanTrack(_StudentTrack):
         try:
             while self.sent < self.total and self.readyState == "live":
                 await self.clock.wait(self._first_tick + self.sent * self._step)
-                fast.send(self.sent, self._payload(self.sent))
+                if (payload := self._payload(self.sent)) is not None:
+                    fast.send(self.sent, payload)
                 self.sent += 1
                 self.timetable.advance(self.sent * PACKET_S)
         except (ConnectionError, OSError):

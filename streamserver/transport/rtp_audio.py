@@ -13,7 +13,8 @@ decodes at 48 kHz).
 
 A lost packet keeps its place on the timeline: libopus conceals it (in-band FEC from the next
 packet when it carries it, else packet loss concealment), a longer gap in the RTP timestamps
-(a sender's discontinuous transmission) becomes silence, so the VAD sees the stream's own
+(a sender's discontinuous transmission) becomes silence (while an utterance is open,
+as the time passes: transport/dtx.py), so the VAD sees the stream's own
 timeline and an utterance ends after the same hangover as over the WebSocket ingest.
 
 This relies on aiortc internals: the names in AIORTC_INTERNALS, checked against the pinned
@@ -28,6 +29,7 @@ import ctypes.util
 import functools
 import logging
 import struct
+import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -40,6 +42,8 @@ from aiortc.rtcdtlstransport import RTCDtlsTransport
 from aiortc.rtcicetransport import RTCIceTransport
 from aiortc.rtcrtpreceiver import StreamStatistics
 from aiortc.rtp import RtcpByePacket, RtpPacket, is_rtcp
+
+from streamserver.transport import dtx
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +185,23 @@ class Reorder:
                 self._next_seq = min(self._held, key=lambda s: (s - self._next_seq) & 0xFFFF)
                 self._drain()
 
+    @property
+    def end_ts(self) -> int:
+        """The RTP timestamp where the audio handed on so far ends."""
+        return self._end_ts
+
+    def fill_silence(self, until_ts: int) -> None:
+        """The sender is silent (DTX) up to `until_ts`: hand on its silence now rather than when
+        its next packet comes; that packet then fills only what is left of its gap. Nothing
+        while packets are held (a loss is being waited out)."""
+        if self._next_seq is None or self._held:
+            return
+        ticks = (until_ts - self._end_ts) & 0xFFFFFFFF
+        if 0 < ticks < 1 << 31:
+            samples = min(ticks // TICKS_PER_SAMPLE, MAX_GAP)
+            self._end_ts = (self._end_ts + samples * TICKS_PER_SAMPLE) & 0xFFFFFFFF
+            self.on_pcm(np.zeros(samples, np.int16))
+
     def flush(self) -> None:
         """The stream ended: what is held is played, gaps concealed."""
         while self._held:
@@ -292,8 +313,12 @@ class AudioReceiver(RTCRtpReceiver):
     _batcher: Batcher
     _on_end: Callable[[], None]
     _on_error: Callable[[BaseException], None]
+    _open: Callable[[], bool]
     _ended: bool
     _ssrc: int | None
+    _dtx_from: tuple[float, int] | None  # in DTX since (monotonic arrival, RTP timestamp of the audio's end)
+    packets: int  # received (after SRTP), for the stream's end log
+    dtx_packets: int  # of them, DTX packets (the sender went quiet)
 
     async def receive(self, parameters) -> None:  # noqa: ANN001 - aiortc's RTCRtpReceiveParameters
         """aiortc's receive() without its decoder thread: the codecs, the transport's routing and
@@ -345,10 +370,32 @@ class AudioReceiver(RTCRtpReceiver):
         if stats is None:
             stats = streams[packet.ssrc] = StreamStatistics(codec.clockRate)
         stats.add(packet)  # for the receiver reports aiortc sends the student
+        self.packets += 1
         try:
             self._reorder.add(packet.sequence_number, packet.timestamp, packet.payload)
         except Exception as error:  # noqa: BLE001 - the audio's consumer refused it (TooFast) or failed
             self._on_error(error)
+        if dtx.is_dtx(packet.payload):  # the student went quiet: silence from here on, unless packets come
+            self.dtx_packets += 1
+            self._dtx_from = (time.monotonic(), self._reorder.end_ts)
+            if self._open():
+                dtx.sweep().add(self)
+        else:
+            self._dtx_from = None
+
+    def fill_silence(self, now: float) -> bool:
+        """dtx.SilenceSweep's: while in DTX with an utterance open, its silence up to now."""
+        if self._dtx_from is None or self._ended or not self._open():
+            return False
+        arrived, end_ts = self._dtx_from
+        due = now - arrived - dtx.MARGIN_S
+        if due > 0:
+            try:
+                self._reorder.fill_silence((end_ts + int(due * RTP_RATE)) & 0xFFFFFFFF)
+                self._batcher.flush()  # on time: the hangover is what is waited for
+            except Exception as error:  # noqa: BLE001 - as in _receive
+                self._on_error(error)
+        return True
 
     async def _handle_rtcp_packet(self, packet) -> None:  # noqa: ANN001 - aiortc's RTCP packet types
         await super()._handle_rtcp_packet(packet)
@@ -366,7 +413,10 @@ class AudioReceiver(RTCRtpReceiver):
     def _end(self) -> None:
         if self._ended:
             return
-        self._ended = True
+        self._ended = True  # the silence sweep lets go of it at its next turn
+        reorder = self._reorder
+        log.info("WebRTC audio stream ended: %d packets (%d of them DTX: the sender went quiet), %d concealed, "
+                 "%d late, %d not Opus", self.packets, self.dtx_packets, reorder.concealed, reorder.late, reorder.bad)
         connection = self.transport.transport._connection
         if isinstance(connection, _SrtpShortcut):
             connection._srtp = None
@@ -403,11 +453,13 @@ class Batcher:
 
 
 def install(receiver: RTCRtpReceiver, on_pcm: Callable[[np.ndarray], None], on_end: Callable[[], None],
-            on_error: Callable[[BaseException], None]) -> AudioReceiver:
+            on_error: Callable[[BaseException], None], utterance_open: Callable[[], bool] = lambda: False,
+            ) -> AudioReceiver:
     """Make the (not yet started) audio receiver of a peer an AudioReceiver: each packet's audio
     goes to on_pcm as 16 kHz mono int16, in order; on_end once when the stream ends (the peer
     closed, disconnected or sent BYE); an exception from on_pcm goes to on_error and the stream
-    goes on. aiortc builds receivers itself (no factory to hand it), so the class of this one
+    goes on. `utterance_open` says whether the stream's VAD has an utterance open: while it has,
+    the silence of a sender in DTX is handed on as time passes (transport/dtx.py). aiortc builds receivers itself (no factory to hand it), so the class of this one
     instance is changed; other peers in the process (aiortc clients) keep aiortc's."""
     if type(receiver) is not RTCRtpReceiver or receiver._RTCRtpReceiver__started:
         raise ValueError("install() takes an aiortc RTCRtpReceiver that has not started")
@@ -419,4 +471,6 @@ def install(receiver: RTCRtpReceiver, on_pcm: Callable[[np.ndarray], None], on_e
     receiver._reorder = Reorder(batcher.push)
     receiver._batcher = batcher
     receiver._on_end, receiver._on_error, receiver._ended, receiver._ssrc = on_end, on_error, False, None
+    receiver._open, receiver._dtx_from = utterance_open, None
+    receiver.packets = receiver.dtx_packets = 0
     return receiver

@@ -18,7 +18,7 @@ from aiortc import (
 )
 
 from streamserver.audio.pacing import TooFast
-from streamserver.transport import rtp_audio
+from streamserver.transport import dtx, rtp_audio
 from streamserver.transport.candidates import CandidatePolicy, TooManyCandidates, filter_offer
 
 log = logging.getLogger(__name__)
@@ -63,11 +63,14 @@ async def answer(
     on_end: Callable[[], None],
     candidates: CandidatePolicy = CandidatePolicy(),
     on_channel: Callable[[RTCDataChannel], None] | None = None,
+    utterance_open: Callable[[], bool] = lambda: False,
 ) -> tuple[RTCPeerConnection, str]:
     """Accept an audio offer; the student's audio goes to on_pcm as 16 kHz mono int16 as its
     packets arrive (transport/rtp_audio.py), on_end once when it stops. on_pcm raising TooFast
     closes the peer. Only the offer's allowed ICE candidates are contacted (transport/candidates.py).
-    A data channel the page opens goes to on_channel (transport/recovery.py)."""
+    A data channel the page opens goes to on_channel (transport/recovery.py). The answer asks the
+    browser for DTX (transport/dtx.py); `utterance_open` tells the receiver when its silence is
+    waited for."""
     if "m=audio" not in offer_sdp:
         raise OfferError("the offer has no audio")
     try:
@@ -97,7 +100,7 @@ async def answer(
         else:  # a bad packet costs that packet, never the room
             log.error("dropping audio that could not be processed", exc_info=error)
 
-    receiver = rtp_audio.install(audio.receiver, on_pcm, finish, refused)
+    receiver = rtp_audio.install(audio.receiver, on_pcm, finish, refused, utterance_open)
 
     @pc.on("datachannel")
     def on_datachannel(channel: RTCDataChannel) -> None:
@@ -121,4 +124,4 @@ async def answer(
     except Exception as error:  # aiortc raises ValueError, KeyError ... on bad SDP
         await pc.close()
         raise OfferError(f"cannot use this offer: {error or type(error).__name__}") from None
-    return pc, pc.localDescription.sdp
+    return pc, dtx.ask_for_dtx(pc.localDescription.sdp)
