@@ -67,6 +67,12 @@ class Engine(ABC):
     """What every engine shares: input checks, the voicing gate, the no-speech and repetition
     guards, the 30 s re-run of a loop, simplified Chinese. Subclasses implement _run."""
 
+    # Another utterance in a batch costs little next to the batch itself: true of a GPU, bound by
+    # kernel launches at these sizes (tiny.en: batch 1 in 6 ms, 16 in 23 ms on the H200); not of
+    # a CPU, whose encoder costs per utterance. The ASR worker lets speculative work ride along
+    # in its batches only where it is cheap.
+    batch_rows_cheap = False
+
     def __init__(self, model: str, tokenizer: WhisperTokenizer, policy: EncoderPolicy) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -170,6 +176,7 @@ class StepEngine(Engine):
         super().__init__(model, tokenizer, policy)
         self.backend = backend
         self.n_mels = n_mels  # 80, or 128 (large-v3): read off the model's first convolution
+        self.batch_rows_cheap = bool(getattr(backend, "batch_rows_cheap", False))
 
     def _run(self, audios: Sequence[np.ndarray], frames: list[int], language: str | None, prompt: str | None) -> list[Transcript]:
         results: list[Transcript | None] = [None] * len(audios)

@@ -47,6 +47,8 @@ class Metrics:
         self.paced_refusals = Counter("streamserver_paced_refusals", "streams closed for sending audio faster than real time",
                                       registry=r)
         self.batch_size = Histogram("streamserver_batch_size", "utterances per engine batch", buckets=BATCH_BUCKETS, registry=r)
+        self.recognition_seconds = Counter("streamserver_recognition_seconds", "time a worker's batches spent, by part "
+                                           "(engine: Whisper; intent: the labels)", ["part"], registry=r)
         self.eos_to_published = Histogram("streamserver_eos_to_published_seconds", "end of speech to published",
                                           buckets=LATENCY_BUCKETS, registry=r)
         self.utterances = Counter("streamserver_utterances", "utterances finished, by outcome", ["outcome"], registry=r)
@@ -55,7 +57,8 @@ class Metrics:
         self.partials = Counter("streamserver_partials", "partial transcripts, by outcome (published; late: the final came "
                                 "first)", ["outcome"], registry=r)
         self.speculations = Counter("streamserver_speculations", "speculative finals, by outcome (recognised; used_at_end: "
-                                    "the final took it without recognition; used_by_worker; unused)", ["outcome"], registry=r)
+                                    "the final took it without recognition; used_by_worker; waited_for_in_vain: a final waited for a "
+                                    "speculation that did not come, and was recognised)", ["outcome"], registry=r)
         self.engine_busy = Gauge("streamserver_engine_busy_ratio", "share of the last seconds the engine was recognising",
                                  registry=r)
         self.loop_lag = Histogram("streamserver_event_loop_lag_seconds", "how late the event loop wakes from a 0.1 s sleep",

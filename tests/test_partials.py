@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 
 import numpy as np
@@ -109,7 +110,7 @@ async def hint_rules(queue, publisher_bus) -> None:  # noqa: ANN001 - either que
     await queue.submit(final)
     assert await queue.take_hints(10) == []
     speculation = Speculation(final.digest or "x", TranscriptEvent.of(final, "hello", "en").to_json())
-    await queue.keep_speculation(final.utterance_id, speculation)
+    await queue.keep_speculations({final.utterance_id: speculation})
     assert (await queue.speculations([final.utterance_id, "zz"])).keys() == {final.utterance_id}
     assert (await queue.speculation(final.utterance_id)).event_json == speculation.event_json
     async with collected(publisher_bus, "hints") as events:
@@ -224,3 +225,110 @@ def test_live_captions_through_redis(tiny_engine, librivox, redis_url):
             await bus.close()
 
     check_live_events(run(body()), reference)
+
+
+class SlowEngine:
+    """The real tiny.en engine, as slow as a busy CPU (each call `delay_s` longer), its
+    utterances counted: it holds a speculation in progress long enough to look at."""
+
+    batch_rows_cheap = False  # a CPU's
+
+    def __init__(self, engine, delay_s: float) -> None:  # noqa: ANN001 - an Engine
+        self.engine, self.delay_s, self.started, self.recognised = engine, delay_s, 0, 0
+
+    def transcribe_batch(self, audios, language=None, prompt=None):  # noqa: ANN001, ANN201 - Engine's
+        self.started += len(audios)
+        time.sleep(self.delay_s)
+        results = self.engine.transcribe_batch(audios, language)
+        self.recognised += len(audios)
+        return results
+
+
+def test_a_final_waits_for_the_speculation_another_worker_is_recognising(tiny_engine, librivox, redis_url):
+    """Two workers: A recognises a speculation; its final reaches B meanwhile. B waits for A's
+    result and publishes it: one recognition, one transcript. Were A to die, B's wait would end
+    with the mark's time (PENDING_S) and B would recognise the final itself."""
+    _, clip, _ = librivox[1]
+
+    async def body() -> None:
+        gateway = RedisQueue(redis_url)
+        a, b = RedisQueue(redis_url, "w-spec-a-" + PREFIX), RedisQueue(redis_url, "w-spec-b-" + PREFIX)
+        await a.ensure_group()
+        engine = SlowEngine(tiny_engine, 1.0)
+        metrics_b = Metrics()
+        worker_a = AsrWorker(engine, a, None, partials="off")
+        worker_b = AsrWorker(engine, b, None, partials="off", metrics=metrics_b)
+        uid, start = PREFIX + "-waits", now() - 3
+        final = Utterance(uid, "spec-" + PREFIX, "s-w", "Ann", "en", clip, start, now(), digest=audio_digest(clip))
+        try:
+            await gateway.offer(Utterance(**{**final.__dict__, "kind": "speculative"}))
+            speculating = asyncio.create_task(worker_a._take_hints(False))
+            await until(lambda: engine.started == 1, 30)
+            await gateway.submit(final)
+            entries = [e for e in await b.read(64, 2000) if e[1].utterance_id == uid]  # the session's Redis: others' too
+            assert len(entries) == 1
+            assert await worker_b._from_speculations(entries) == [] and list(worker_b._deferred) == [entries[0][0]]
+            await worker_b._settle_deferred()  # A is still at it: B goes on waiting
+            assert worker_b._deferred and not await b.is_done(uid)
+            await speculating
+            await worker_b._settle_deferred()
+            assert not worker_b._deferred and await b.is_done(uid)
+            assert engine.recognised == 1  # the speculation only
+            assert 'streamserver_speculations_total{outcome="used_by_worker"} 1.0' in metrics_b.render().decode()
+        finally:
+            for q in (gateway, a, b):
+                await q.close()
+
+    run(body())
+
+
+class CheapRowsEngine(SlowEngine):
+    """The real engine, taken for a GPU's: another row in a batch costs little. Its batches are
+    noted (how many utterances each)."""
+
+    batch_rows_cheap = True
+
+    def __init__(self, engine) -> None:  # noqa: ANN001 - an Engine
+        super().__init__(engine, 0.0)
+        self.batches: list[int] = []
+
+    def transcribe_batch(self, audios, language=None, prompt=None):  # noqa: ANN001, ANN201 - Engine's
+        self.batches.append(len(audios))
+        return super().transcribe_batch(audios, language, prompt)
+
+
+def test_speculations_ride_along_with_the_finals_where_rows_are_cheap(tiny_engine, librivox, redis_url):
+    """On a GPU the queue always holds finals under load, so a speculation taken only between
+    batches would never be ready in time: it rides in the finals' batch instead, and its final
+    then takes the result without a recognition of its own."""
+    (_, first, _), (_, second, _) = librivox[1], librivox[4]
+
+    async def body() -> None:
+        gateway, queue = RedisQueue(redis_url), RedisQueue(redis_url, "w-ride-" + PREFIX)
+        await queue.ensure_group()
+        engine = CheapRowsEngine(tiny_engine)
+        worker = AsrWorker(engine, queue, None, partials="off")
+        assert worker.hints_taken() in ("speculative", "all")  # offered even to a busy GPU worker
+        room = "ride-" + PREFIX
+        final = Utterance(PREFIX + "-ride-final", room, "s-a", "Ann", "en", first, now() - 3, now())
+        later = Utterance(PREFIX + "-ride-later", room, "s-b", "Bo", "en", second, now() - 3, now(), digest=audio_digest(second))
+        try:
+            await gateway.submit(final)
+            await gateway.offer(Utterance(**{**later.__dict__, "kind": "speculative"}))
+            # (the session's Redis may hold other tests' jobs: only this test's are taken on)
+            entries = [e for e in await queue.read(64, 2000) if e[1].utterance_id == final.utterance_id]
+            await worker._transcribe(entries)
+            assert engine.batches == [2]  # one engine call: the final and the speculation
+            assert await queue.is_done(final.utterance_id)
+            kept = (await queue.speculations([later.utterance_id]))[later.utterance_id]
+            assert kept.final_for(later) is not None
+            await gateway.submit(later)
+            entries = [e for e in await queue.read(64, 2000) if e[1].utterance_id == later.utterance_id]
+            assert len(entries) == 1
+            await worker._transcribe(entries)
+            assert engine.batches == [2] and await queue.is_done(later.utterance_id)  # no second recognition
+        finally:
+            await gateway.close()
+            await queue.close()
+
+    run(body())

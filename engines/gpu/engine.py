@@ -63,6 +63,7 @@ class TorchCudaEngine(Engine):
         torch.backends.cudnn.benchmark = True  # the encoder's convolutions see few distinct shapes
         super().__init__(model, tokenizer, policy)
         dtype = torch.float16 if device.type == "cuda" else torch.float32
+        self.batch_rows_cheap = device.type == "cuda"  # engines/engine.py
         self.whisper = TorchWhisper(weights, device, dtype)
         self.mel = GpuLogMel(device, weights.dims.n_mels)
         compile_step = device.type == "cuda" and os.environ.get("STREAMSERVER_TORCH_COMPILE", "1") != "0"

@@ -132,6 +132,7 @@ class DecoderState:
 
 class TensorRTBackend:
     name = "tensorrt"
+    batch_rows_cheap = True  # a GPU's (engines/engine.py)
 
     def __init__(
         self, weights: Weights, threads: int = 0, precision: str = "fp16", progress: Progress | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,10 +26,13 @@ Result = tuple[Entry, TranscriptEvent | None]  # None: recognition of this utter
 
 
 def recognise(
-    engine: Engine, intent: IntentClassifier | None, audios: list[np.ndarray], language: str | None
+    engine: Engine, intent: IntentClassifier | None, audios: list[np.ndarray], language: str | None,
+    metrics: Metrics | None = None,
 ) -> tuple[list[Transcript], dict[str, dict]]:
     """In a worker thread: transcripts, then the intent of each distinct non-empty one."""
+    started = time.perf_counter()
     results = engine.transcribe_batch(audios, language)
+    labelled = time.perf_counter()
     texts = sorted({r.text for r in results if r.text})
     intents: dict[str, dict] = {}
     if intent and texts:
@@ -36,6 +40,9 @@ def recognise(
             intents = {t: i.to_dict() for t, i in zip(texts, intent.classify(texts))}
         except Exception:  # a transcript without a label beats no transcript
             log.exception("intent classification failed")
+    if metrics is not None:
+        metrics.recognition_seconds.labels(part="engine").inc(labelled - started)
+        metrics.recognition_seconds.labels(part="intent").inc(time.perf_counter() - labelled)
     return results, intents
 
 
@@ -68,7 +75,8 @@ class BatchRecogniser:
         audios = [u.audio for _, u in group]
         loop = asyncio.get_running_loop()
         try:
-            results, intents = await loop.run_in_executor(self._executor, recognise, self.engine, intent, audios, language)
+            results, intents = await loop.run_in_executor(self._executor, recognise, self.engine, intent, audios, language,
+                                                          self.metrics)
         except Exception:  # noqa: BLE001 - whatever the engine raised, the others still get theirs
             if len(group) == 1:
                 log.exception("recognition of utterance %s failed", group[0][1].utterance_id)

@@ -20,7 +20,8 @@ captions are on; a partial's text goes to the room at once.
 `partials`: "on", "off" (speculative hints only) or "auto" (partials while the finals and
 speculations kept the engine busy less than HEADROOM of the last BUSY_WINDOW_S and no final
 waited in the queue more than FINAL_WAIT_S in it; no hints at all past HEADROOM, on "off" too:
-an overloaded engine spends itself on finals).
+an overloaded engine spends itself on finals). A final whose speculation another worker is
+recognising waits for it (PENDING_S at most) rather than being recognised twice.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ HEARTBEAT_S = 0.25  # also how often dead workers' jobs are looked for
 BATCH_BUDGET_S = 1.0
 HINT_BUDGET_S = 0.1  # a batch of hints holds the engine about this long: a final arriving waits that
 HINT_POLL_MS = 20  # with hints wanted, how long a read waits for a final before looking at them
+DEFERRED_POLL_MS = 10  # with finals waiting for another worker's speculation, how often they are looked at
 BUSY_WINDOW_S = 5.0
 HEADROOM = 0.7
 # auto: a final that waited longer than this in the queue (the engine was not free: on a CPU box
@@ -95,6 +97,9 @@ class AsrWorker:
         self._busy: deque[tuple[float, float, bool]] = deque()  # (start, end, essential) of recent engine work
         self._waited = -1e9  # monotonic time a final last waited more than FINAL_WAIT_S in the queue
         self._hints_waiting = False  # the last look found hints: look again without waiting
+        # Finals whose speculation another worker is recognising: they wait for it (PENDING_S at
+        # most) instead of being recognised twice.
+        self._deferred: dict[str, Entry] = {}
 
     def start(self) -> None:
         """Run in the background of this process's event loop (`serve`)."""
@@ -129,9 +134,8 @@ class AsrWorker:
     async def _heartbeats(self) -> None:
         while True:
             try:
-                kinds = self.hint_kinds()
                 await self.queue.heartbeat({"utt_per_s": round(self._rate, 2), "buffer": len(self.buffer),
-                                            "hints": "none" if kinds is None else "all" if kinds else "speculative"})
+                                            "hints": self.hints_taken()})
                 self.metrics.queue_depth.set(await self.queue.depth())
                 self.ready = True
             except UNREACHABLE:
@@ -145,17 +149,21 @@ class AsrWorker:
                 claimed = await self.queue.claim_orphans()
             except UNREACHABLE:
                 continue
-            known = {eid for eid, _ in self.buffer} | self._in_progress
+            known = {eid for eid, _ in self.buffer} | self._in_progress | self._deferred.keys()
             self.buffer += [e for e in claimed if e[0] not in known]
 
     async def _loop(self) -> None:
         while True:
+            if self._deferred:
+                await self._settle_deferred()
             size = self.batch_size()  # once: a read and the batch it feeds agree
             hints = self.hint_kinds()
             if not self.buffer:
                 # No read-ahead: jobs this worker holds but has not started are the ones that
                 # wait for a claim if it dies, so it takes only what its next batch will use.
                 block_ms = 200 if hints is None else 0 if self._hints_waiting else HINT_POLL_MS
+                if self._deferred:
+                    block_ms = min(block_ms, DEFERRED_POLL_MS)
                 try:
                     self.buffer += await self.queue.read(size, block_ms)
                 except UNREACHABLE as error:
@@ -194,6 +202,14 @@ class AsrWorker:
         return (self.partials == "auto" and time.monotonic() - self._waited > BUSY_WINDOW_S
                 and self.busy_ratio(with_partials=True) < CAPTIONS_SHARE)
 
+    def hints_taken(self) -> str:
+        """What the gateways should offer this worker (queue.base.HINT_LEVELS): speculative hints
+        always where they ride along in batches (_riders)."""
+        kinds = self.hint_kinds()
+        if kinds is None:
+            return "speculative" if self.engine.batch_rows_cheap else "none"
+        return "all" if kinds else "speculative"
+
     def busy_ratio(self, with_partials: bool = False) -> float:
         """Share of the last BUSY_WINDOW_S the engine spent on finals and speculations (and
         partials, `with_partials`)."""
@@ -215,13 +231,56 @@ class AsrWorker:
         batch = await self._from_speculations(batch)
         if not batch:
             return
+        riders = await self._riders(len(batch))
         started = time.perf_counter()
-        for (entry_id, u), event in await self.recogniser.run(batch):
+        results = await self.recogniser.run(batch + riders)
+        self._worked(started, len(batch) + len(riders))
+        await self._keep_speculations([r for r in results if r[0][1].kind == "speculative"])
+        for (entry_id, u), event in results:
+            if u.kind == "speculative":
+                continue
             if event is None:
                 await self._failed(entry_id, u)
             else:
                 await self._complete(entry_id, u, event)
-        self._worked(started, len(batch))
+
+    async def _riders(self, finals: int) -> list[Entry]:
+        """Speculative hints to recognise in the finals' batch, where another row costs little
+        (engine.batch_rows_cheap: a GPU). Under load the queue always holds finals, so hints
+        taken only between batches would wait behind them until the hangover ends and be of no
+        use; riding along, each is recognised within one batch of its pause, and its final
+        then needs no recognition at all."""
+        room = self.max_batch - finals
+        if not self.engine.batch_rows_cheap or room <= 0:
+            return []
+        try:
+            hints = await self.queue.take_hints(room, partials=False)
+        except UNREACHABLE:
+            return []
+        return await self._speculating(hints)
+
+    async def _speculating(self, hints: list[Utterance]) -> list[Entry]:
+        """Speculative hints about to be recognised, marked so: their finals, if they come
+        meanwhile, wait for these instead of a second recognition."""
+        speculative = [("", u) for u in hints if u.kind == "speculative"]
+        if speculative:
+            try:
+                await self.queue.keep_speculations({u.utterance_id: Speculation.in_progress(u.digest) for _, u in speculative})
+            except UNREACHABLE:
+                pass
+        return speculative
+
+    async def _keep_speculations(self, results: list[tuple[Entry, TranscriptEvent | None]]) -> None:
+        done = {u.utterance_id: Speculation(u.digest, event.to_json()) for (_, u), event in results if event is not None}
+        try:
+            await self.queue.keep_speculations(done)
+            for (_, u), event in results:
+                # the utterance as it stands at its pause: the newest caption, unless its final came first
+                if event is not None and event.text and self.partials != "off":  # no extra work: recognised anyway
+                    await self.queue.publish_partial(TranscriptPartialEvent.of(u, event.text, event.language))
+        except UNREACHABLE:
+            return
+        self.metrics.speculations.labels(outcome="recognised").inc(len(done))
 
     def _worked(self, started: float, n: int, essential: bool = True) -> None:
         seconds = time.perf_counter() - started
@@ -229,8 +288,9 @@ class AsrWorker:
         end = time.monotonic()
         self._busy.append((end - seconds, end, essential))
 
-    async def _from_speculations(self, batch: list[Entry]) -> list[Entry]:
-        """Finals whose speculative result is ready are published from it; the rest, to recognise."""
+    async def _from_speculations(self, batch: list[Entry], wait: bool = True) -> list[Entry]:
+        """Finals whose speculative result is ready are published from it; those whose
+        speculation another worker is recognising wait for it (`wait`); the rest, to recognise."""
         ids = [u.utterance_id for _, u in batch if u.digest]
         try:
             kept = await self.queue.speculations(ids) if ids else {}
@@ -241,11 +301,23 @@ class AsrWorker:
             speculation = kept.get(u.utterance_id)
             event = speculation.final_for(u) if speculation else None
             if event is None:
-                rest.append((entry_id, u))
+                if wait and speculation is not None and speculation.pending_for(u):
+                    self._deferred[entry_id] = (entry_id, u)
+                else:
+                    rest.append((entry_id, u))
                 continue
             self.metrics.speculations.labels(outcome="used_by_worker").inc()
             await self._complete(entry_id, u, event)
         return rest
+
+    async def _settle_deferred(self) -> None:
+        """The finals waiting for a speculation: published from it once it is ready; recognised
+        here if it is not coming (its worker gave up or died: the mark's time passed)."""
+        deferred, self._deferred = list(self._deferred.values()), {}
+        rest = await self._from_speculations(deferred)
+        self.buffer += rest
+        if rest:
+            self.metrics.speculations.labels(outcome="waited_for_in_vain").inc()
 
     async def _take_hints(self, partials: bool) -> None:
         try:
@@ -253,22 +325,12 @@ class AsrWorker:
         except UNREACHABLE:
             hints = []
         self._hints_waiting = bool(hints)
-        speculative = [("", u) for u in hints if u.kind == "speculative"]
+        speculative = await self._speculating(hints)
         if speculative:
             started = time.perf_counter()
             results = await self.recogniser.run(speculative)
             self._worked(started, len(speculative))
-            for (_, u), event in results:
-                if event is None:
-                    continue
-                try:
-                    await self.queue.keep_speculation(u.utterance_id, Speculation(u.digest, event.to_json()))
-                    # the utterance as it stands at its pause: the newest caption, unless its final came first
-                    if event.text and self.partials != "off":  # no extra work: it was recognised anyway
-                        await self.queue.publish_partial(TranscriptPartialEvent.of(u, event.text, event.language))
-                except UNREACHABLE:
-                    continue
-                self.metrics.speculations.labels(outcome="recognised").inc()
+            await self._keep_speculations(results)
         partial = [("", u) for u in hints if u.kind == "partial"]
         if partial:
             started = time.perf_counter()

@@ -59,6 +59,9 @@ class Tally:
     # student -> (end_of_speech_ts, dashboard arrival, text) of each transcript, epoch seconds
     received_at: dict[str, list[tuple[float, float, str]]] = field(default_factory=dict)
     queued: set[str] = field(default_factory=set)
+    queued_ts: dict[str, float] = field(default_factory=dict)  # utterance -> its utterance_queued's ts (server clock)
+    # per transcript with its announcement: (end of speech -> queued, queued -> published, published -> dashboard)
+    parts: list[tuple[float, float, float]] = field(default_factory=list)
     queued_by_student: Counter = field(default_factory=Counter)
     duplicates: int = 0  # transcripts of an utterance (or a speech: copies) received again
     copies: int = 0  # of them, transcripts with ids of their own over a speech already transcribed
@@ -138,6 +141,7 @@ class Tally:
         if kind == "utterance_queued":
             if event["utterance_id"] not in self.queued:
                 self.queued.add(event["utterance_id"])
+                self.queued_ts[event["utterance_id"]] = float(event.get("ts", 0.0))
                 self.queued_by_student[event["student_id"]] += 1
         elif kind == "transcript_partial":
             self._partial(event, received)
@@ -160,6 +164,9 @@ class Tally:
             if uid in self.last_partial:
                 self.partial_agreement.append(word_agreement(self.last_partial.pop(uid)[1], event.get("text", "")))
             self.transcripts[uid] = (received - self.t0, received - float(event["end_of_speech_ts"]))
+            if (queued := self.queued_ts.get(uid)) and "published_ts" in event:
+                end, published = float(event["end_of_speech_ts"]), float(event["published_ts"])
+                self.parts.append((queued - end, published - queued, received - published))
             self.received_by_student[event["student_id"]] += 1
             self.received_at.setdefault(event["student_id"], []).append(
                 (float(event["end_of_speech_ts"]), received, event.get("text", "")))
@@ -233,6 +240,19 @@ class Tally:
             if len(got) == len(texts):
                 out += [(said, text) for said, (_, _, text) in zip(texts, got)]
         return out
+
+    def latency_parts(self) -> dict[str, dict]:
+        """Where the finals' latency went, for the transcripts whose announcement came first:
+        end of speech -> queued (the hangover, and a speculative result looked up), queued ->
+        published (waiting for a worker, recognition), published -> on the dashboard; and the
+        same three parts of the slowest 1 % (their means)."""
+        if not self.parts:
+            return {}
+        parts = np.asarray(self.parts, dtype=float)
+        slowest = parts[np.argsort(parts.sum(axis=1))[-max(1, len(parts) // 100):]]
+        names = ("to_queue_s", "queue_to_published_s", "delivery_s")
+        return {**{name: latency_summary(parts[:, i]) for i, name in enumerate(names)},
+                "slowest_1pct_mean_s": {name: round(float(slowest[:, i].mean()), 4) for i, name in enumerate(names)}}
 
     def latency_stats(self, values: np.ndarray | None = None) -> dict[str, float | None]:
         return latency_summary(self.latencies() if values is None else values)

@@ -38,6 +38,7 @@ def build(settings: dict[str, Any], tally: Tally, timeline: list[dict], metrics_
         "ice_consent_expired": tally.ice_consent_expired,
         "latency_s": tally.latency_stats(),  # from the server's end_of_speech_ts
         "latency_from_clip_end_s": tally.latency_stats(tally.latencies_from_clip_end()),  # from the student's clock (measure.py)
+        "latency_parts": tally.latency_parts(),  # where the finals' latency went (measure.py)
         **tally.partial_stats(),  # live captions (measure.py)
         "max_students_connected": max((row["connected"] for row in timeline), default=0),
         "max_active_speakers": max((row["active_speakers"] for row in timeline), default=0),

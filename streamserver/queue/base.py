@@ -22,6 +22,7 @@ MAX_ATTEMPTS = 3  # a job whose recognition failed this often is given up, with 
 HINT_MAX_AGE_S = 5.0
 HINTS_MAX = 10_000
 SPECULATION_TTL_S = 30.0  # a speculative result waits this long for its final
+PENDING_S = 2.0  # a final waits this long at most for its speculation that a worker is recognising
 
 
 def queued_at(entry_id: str) -> float | None:
@@ -43,12 +44,24 @@ class Speculation:
     """A speculative utterance's result, waiting for its final: used only for the same audio."""
 
     digest: str
-    event_json: str  # the TranscriptEvent (or NoSpeechEvent) it would publish
+    event_json: str  # the TranscriptEvent (or NoSpeechEvent) it would publish; "" while it is recognised
+    pending_until: float = 0.0  # while recognised: a final waits for it until then (epoch), not after
+
+    @classmethod
+    def in_progress(cls, digest: str, wait_s: float = PENDING_S) -> Speculation:
+        """The mark of a speculation a worker is recognising: its final waits for it (wait_s at
+        most: the worker may die) instead of being recognised a second time by another worker."""
+        return cls(digest, "", now() + wait_s)
+
+    def pending_for(self, u: Utterance) -> bool:
+        """Being recognised, for this very audio, and not given up on: its final should wait."""
+        return (not self.event_json and now() < self.pending_until and bool(u.digest) and u.digest == self.digest
+                and not u.cut)
 
     def final_for(self, u: Utterance) -> TranscriptEvent | None:
         """The final's event, published now, if this result is of its very audio (and reads);
         None otherwise: the final is recognised as always."""
-        if not u.digest or u.digest != self.digest or u.cut:
+        if not u.digest or u.digest != self.digest or u.cut or not self.event_json:
             return None
         try:
             event = TranscriptEvent.from_json(self.event_json)
@@ -61,12 +74,12 @@ class Speculation:
         return event
 
     def to_json(self) -> str:
-        return json.dumps({"digest": self.digest, "event": self.event_json})
+        return json.dumps({"digest": self.digest, "event": self.event_json, "pending_until": self.pending_until})
 
     @classmethod
     def from_json(cls, data: str | bytes) -> Speculation:
         fields = json.loads(data)
-        return cls(fields["digest"], fields["event"])
+        return cls(fields["digest"], fields["event"], float(fields.get("pending_until", 0.0)))
 
 
 # A transcript is a copy of a published one when they are of one student's clock, at least one of
@@ -159,8 +172,9 @@ class UtteranceQueue(Protocol):
         """Up to `count` hints, speculative ones first, then partials oldest first (none when
         `partials` is False); each is taken once, none whose utterance is already published."""
 
-    async def keep_speculation(self, utterance_id: str, speculation: Speculation) -> None:
-        """Keep a speculative result for its final (SPECULATION_TTL_S)."""
+    async def keep_speculations(self, speculations: dict[str, Speculation]) -> None:
+        """Keep speculative results (or marks of ones in progress) for their finals
+        (SPECULATION_TTL_S), by utterance id."""
 
     async def speculations(self, utterance_ids: list[str]) -> dict[str, Speculation]:
         """The speculative results kept for these utterances."""

@@ -79,9 +79,10 @@ class MemoryQueue:
             del self._hints[u.utterance_id]
         return taken
 
-    async def keep_speculation(self, utterance_id: str, speculation: Speculation) -> None:
-        self._speculations[utterance_id] = (speculation, time.monotonic())
-        self._speculations.move_to_end(utterance_id)
+    async def keep_speculations(self, speculations: dict[str, Speculation]) -> None:
+        for utterance_id, speculation in speculations.items():
+            self._speculations[utterance_id] = (speculation, time.monotonic())
+            self._speculations.move_to_end(utterance_id)
         while self._speculations and next(iter(self._speculations.values()))[1] < time.monotonic() - SPECULATION_TTL_S:
             self._speculations.popitem(last=False)
 

@@ -332,8 +332,13 @@ class RedisQueue:
                 out.append(hint)
         return out
 
-    async def keep_speculation(self, utterance_id: str, speculation: Speculation) -> None:
-        await self.redis.set(speculation_key(utterance_id), speculation.to_json(), ex=int(SPECULATION_TTL_S))
+    async def keep_speculations(self, speculations: dict[str, Speculation]) -> None:
+        if not speculations:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for utterance_id, speculation in speculations.items():
+                pipe.set(speculation_key(utterance_id), speculation.to_json(), ex=int(SPECULATION_TTL_S))
+            await pipe.execute()
 
     async def speculations(self, utterance_ids: list[str]) -> dict[str, Speculation]:
         if not utterance_ids:
