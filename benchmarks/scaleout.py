@@ -67,7 +67,7 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
 
 HINT_FAMILIES = ("streamserver_hints_total", "streamserver_partials_total", "streamserver_speculations_total",
                  "streamserver_utterances_total", "streamserver_recognition_seconds_total", "streamserver_batch_size_sum",
-                 "streamserver_batch_size_count")
+                 "streamserver_batch_size_count", "streamserver_event_loop_lag_seconds_bucket")
 
 
 def _hint_counters(worker_urls: list[str], gateway_urls: list[str], token: str) -> dict[str, float]:
