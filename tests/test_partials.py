@@ -318,7 +318,6 @@ def test_speculations_ride_along_with_the_finals_where_rows_are_cheap(tiny_engin
             # (the session's Redis may hold other tests' jobs: only this test's are taken on)
             entries = [e for e in await queue.read(64, 2000) if e[1].utterance_id == final.utterance_id]
             await worker._transcribe(entries)
-            await worker.published()
             assert engine.batches == [2]  # one engine call: the final and the speculation
             assert await queue.is_done(final.utterance_id)
             kept = (await queue.speculations([later.utterance_id]))[later.utterance_id]
@@ -327,7 +326,6 @@ def test_speculations_ride_along_with_the_finals_where_rows_are_cheap(tiny_engin
             entries = [e for e in await queue.read(64, 2000) if e[1].utterance_id == later.utterance_id]
             assert len(entries) == 1
             await worker._transcribe(entries)
-            await worker.published()
             assert engine.batches == [2] and await queue.is_done(later.utterance_id)  # no second recognition
         finally:
             await gateway.close()
@@ -335,52 +333,3 @@ def test_speculations_ride_along_with_the_finals_where_rows_are_cheap(tiny_engin
 
     run(body())
 
-
-class SlowLabels:
-    """The real intent classifier, as slow as on a busy host (each call `delay_s` longer)."""
-
-    def __init__(self, delay_s: float) -> None:
-        from streamserver.intent.model import EmbeddingIntentClassifier
-
-        self.inner, self.delay_s = EmbeddingIntentClassifier(), delay_s
-
-    def classify(self, texts):  # noqa: ANN001, ANN201 - IntentClassifier's
-        time.sleep(self.delay_s)
-        return self.inner.classify(texts)
-
-
-def test_the_engine_does_not_wait_for_the_labels(tiny_engine, librivox, redis_url):
-    """A batch's intent labels are made beside the next batch's recognition: _transcribe is
-    back once the engine is done, and the labels (1 s each here) follow; every final is
-    published with its label."""
-    (_, first, _), (_, second, _) = librivox[1], librivox[4]
-
-    async def body() -> None:
-        gateway, queue = RedisQueue(redis_url), RedisQueue(redis_url, "w-labels-" + PREFIX)
-        await queue.ensure_group()
-        worker = AsrWorker(tiny_engine, queue, SlowLabels(1.0), partials="off")
-        bus = RedisBus(redis_url)
-        room = "labels-" + PREFIX
-        finals = [Utterance(f"{PREFIX}-labels-{i}", room, f"s-{i}", "Ann", "en", audio, now() - 3, now())
-                  for i, audio in enumerate((first, second))]
-        try:
-            for u in finals:
-                await gateway.submit(u)
-            mine = {u.utterance_id for u in finals}
-            entries = [e for e in await queue.read(64, 2000) if e[1].utterance_id in mine]
-            started = time.monotonic()
-            for entry in sorted(entries, key=lambda e: e[1].utterance_id):
-                await worker._transcribe([entry])
-            engine_done = time.monotonic() - started
-            await worker.published()
-            assert engine_done < 1.0 + 0.5  # the second batch ran while the first was labelled
-            assert all([await queue.is_done(u.utterance_id) for u in finals])
-            published = [json.loads(e) for e in await bus.history(room)]
-            assert sorted(e["utterance_id"] for e in published if e["type"] == "transcript") == sorted(mine)
-            assert all(set(e["intent"]) == {"label", "score"} for e in published if e["type"] == "transcript")
-        finally:
-            await gateway.close()
-            await queue.close()
-            await bus.close()
-
-    run(body())

@@ -34,7 +34,7 @@ import socket
 import time
 from collections import deque
 
-from engines.engine import Engine, Transcript
+from engines.engine import Engine
 from streamserver.asr.batch import BatchRecogniser
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, UtteranceFailedEvent
 from streamserver.intent import IntentClassifier
@@ -47,7 +47,6 @@ HEARTBEAT_S = 0.25  # also how often dead workers' jobs are looked for
 BATCH_BUDGET_S = 1.0
 HINT_BUDGET_S = 0.1  # a batch of hints holds the engine about this long: a final arriving waits that
 HINT_POLL_MS = 20  # with hints wanted, how long a read waits for a final before looking at them
-MAX_FINISHING = 2  # batches recognised and not yet labelled and published: the engine is this far ahead
 DEFERRED_POLL_MS = 10  # with finals waiting for another worker's speculation, how often they are looked at
 BUSY_WINDOW_S = 5.0
 HEADROOM = 0.7
@@ -101,8 +100,6 @@ class AsrWorker:
         # Finals whose speculation another worker is recognising: they wait for it (PENDING_S at
         # most) instead of being recognised twice.
         self._deferred: dict[str, Entry] = {}
-        self._finishing: set[asyncio.Task] = set()  # batches being labelled and published (_finish)
-        self._finishing_ids: set[str] = set()  # their jobs: not to be claimed back from ourselves
 
     def start(self) -> None:
         """Run in the background of this process's event loop (`serve`)."""
@@ -119,7 +116,7 @@ class AsrWorker:
         try:
             await self._loop()
         finally:
-            for t in [*tasks, *self._finishing]:  # a batch not yet published is delivered again
+            for t in tasks:
                 t.cancel()
             self.recogniser.close()
 
@@ -152,7 +149,7 @@ class AsrWorker:
                 claimed = await self.queue.claim_orphans()
             except UNREACHABLE:
                 continue
-            known = {eid for eid, _ in self.buffer} | self._in_progress | self._deferred.keys() | self._finishing_ids
+            known = {eid for eid, _ in self.buffer} | self._in_progress | self._deferred.keys()
             self.buffer += [e for e in claimed if e[0] not in known]
 
     async def _loop(self) -> None:
@@ -236,40 +233,19 @@ class AsrWorker:
             return
         riders = await self._riders(len(batch))
         started = time.perf_counter()
-        recognised = await self.recogniser.transcribe(batch + riders)
+        # The labels in line: on the H200 host, labelling beside the next engine batch (a thread of
+        # its own) took more of its saturated cores and made every final later (p99 1.20 s against
+        # 0.90 s at 4,000 students): the engine is not what waits there.
+        results = await self.recogniser.run(batch + riders)
         self._worked(started, len(batch) + len(riders))
-        # Labelled and published beside the next engine batch: the engine waits for no labels.
-        while len(self._finishing) >= MAX_FINISHING:
-            await asyncio.wait(self._finishing, return_when=asyncio.FIRST_COMPLETED)
-        ids = {entry_id for entry_id, _ in batch}
-        self._finishing_ids |= ids
-        task = asyncio.get_running_loop().create_task(self._finish(recognised, ids))
-        self._finishing.add(task)
-        task.add_done_callback(self._finished)
-
-    async def published(self) -> None:
-        """Until every batch recognised so far has been labelled and published."""
-        while self._finishing:
-            await asyncio.wait(self._finishing)
-
-    async def _finish(self, recognised: list[tuple[Entry, Transcript | None]], ids: set[str]) -> None:
-        try:
-            results = await self.recogniser.label(recognised)
-            await self._keep_speculations([r for r in results if r[0][1].kind == "speculative"])
-            for (entry_id, u), event in results:
-                if u.kind == "speculative":
-                    continue
-                if event is None:
-                    await self._failed(entry_id, u)
-                else:
-                    await self._complete(entry_id, u, event)
-        finally:
-            self._finishing_ids -= ids
-
-    def _finished(self, task: asyncio.Task) -> None:
-        self._finishing.discard(task)
-        if not task.cancelled() and task.exception() is not None:  # its jobs stay pending: claimed again
-            log.error("publishing a batch failed", exc_info=task.exception())
+        await self._keep_speculations([r for r in results if r[0][1].kind == "speculative"])
+        for (entry_id, u), event in results:
+            if u.kind == "speculative":
+                continue
+            if event is None:
+                await self._failed(entry_id, u)
+            else:
+                await self._complete(entry_id, u, event)
 
     async def _riders(self, finals: int) -> list[Entry]:
         """Speculative hints to recognise in the finals' batch, where another row costs little
@@ -355,15 +331,15 @@ class AsrWorker:
         speculative = await self._speculating(hints)
         if speculative:
             started = time.perf_counter()
-            recognised = await self.recogniser.transcribe(speculative)
+            results = await self.recogniser.run(speculative)
             self._worked(started, len(speculative))
-            await self._keep_speculations(await self.recogniser.label(recognised))
+            await self._keep_speculations(results)
         partial = [("", u) for u in hints if u.kind == "partial"]
         if partial:
             started = time.perf_counter()
-            recognised = await self.recogniser.transcribe(partial)
+            results = await self.recogniser.run(partial, with_intent=False)
             self._worked(started, len(partial), essential=False)
-            for (_, u), event in await self.recogniser.label(recognised, with_intent=False):
+            for (_, u), event in results:
                 if event is None or not event.text:
                     continue
                 try:
