@@ -45,6 +45,33 @@ def test_a_silent_browser_sends_a_packet_in_ten():
     assert quiet[0] is None and quiet[-1] is not None and is_dtx(quiet[-1]) and 15 <= len(quiet) <= 25
 
 
+def test_a_packet_held_for_a_loss_is_played_when_silence_is_due():
+    """Under DTX the HOLD packets that would give a loss up may be a second away: the sweep
+    plays what is held (the loss concealed) before it fills the silence."""
+    out: list[np.ndarray] = []
+    reorder = Reorder(out.append)
+    packets = opus_packets(np.zeros(RATE, np.int16))
+    reorder.add(1, 0, packets[0])
+    reorder.add(3, 960 * 2, packets[2])  # 2 is lost: 3 is held
+    assert sum(p.size for p in out) == 320
+    reorder.fill_silence(960 * 10)
+    assert sum(p.size for p in out) == 320 * 10  # 2 concealed, 3 played, then silence to 200 ms
+
+
+def test_audio_over_silence_filled_early_is_not_played_twice():
+    """A packet late past the sweep's margin lands on silence already handed on: the overlap is
+    dropped, so the stream stays as long as the time it covers."""
+    out: list[np.ndarray] = []
+    reorder = Reorder(out.append)
+    packets = opus_packets(np.zeros(RATE, np.int16))
+    reorder.add(1, 0, packets[0])
+    reorder.fill_silence(960 * 6)  # to 120 ms
+    reorder.add(2, 960 * 5, packets[1])  # 100-120 ms: all of it overlaps
+    assert sum(p.size for p in out) == 320 * 6
+    reorder.add(3, 960 * 5 + 480, packets[2])  # 110-130 ms: half of it is new
+    assert sum(p.size for p in out) == 320 * 6 + 160 and reorder.end_ts == 960 * 6 + 480
+
+
 def test_silence_filled_early_is_not_filled_again():
     out: list[np.ndarray] = []
     reorder = Reorder(out.append)
@@ -88,6 +115,13 @@ def test_a_dtx_stream_cuts_the_same_utterances_as_soon(tiny_engine, librivox, mo
     pcm = (np.clip(speech, -1, 1) * 32767).astype(np.int16)
     continuous, dtx = opus_packets(pcm), sent_as_browser(opus_packets(pcm, dtx=True))
     assert sum(p is None for p in dtx) > 0.7 * (1 + 1.5 + 1.5) / 0.02  # most of the 4 s of silence is not sent
+    # In each gap nothing after the DTX packet (no comfort-noise update either): only the silence
+    # sweep can end the utterance before the next clip's first packet, 1.5 s on.
+    quiet = np.abs(pcm.astype(np.int32)).reshape(-1, 320).max(axis=1) == 0  # per 20 ms packet
+    for i in range(1, len(dtx)):
+        if i < quiet.size and quiet[i] and dtx[i] is not None and not is_dtx(dtx[i]) and any(
+                p is not None and is_dtx(p) for p in dtx[max(0, i - 25):i]):
+            dtx[i] = None
 
     streams = fed_to_vad(monkeypatch)
     cut: dict[str, list] = defaultdict(list)

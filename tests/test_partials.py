@@ -267,7 +267,8 @@ def test_a_final_waits_for_the_speculation_another_worker_is_recognising(tiny_en
             await gateway.submit(final)
             entries = [e for e in await b.read(64, 2000) if e[1].utterance_id == uid]  # the session's Redis: others' too
             assert len(entries) == 1
-            assert await worker_b._from_speculations(entries) == [] and list(worker_b._deferred) == [entries[0][0]]
+            await worker_b._transcribe(entries)
+            assert list(worker_b._deferred) == [entries[0][0]] and engine.started == 1  # waiting, not recognising
             await worker_b._settle_deferred()  # A is still at it: B goes on waiting
             assert worker_b._deferred and not await b.is_done(uid)
             await speculating
@@ -308,7 +309,11 @@ def test_speculations_ride_along_with_the_finals_where_rows_are_cheap(tiny_engin
         await queue.ensure_group()
         engine = CheapRowsEngine(tiny_engine)
         worker = AsrWorker(engine, queue, None, partials="off")
-        assert worker.hints_taken() in ("speculative", "all")  # offered even to a busy GPU worker
+        worker._busy.append((time.monotonic() - 5, time.monotonic(), True))  # busy the whole window
+        assert worker.hints_taken() == "speculative"  # offered even to a busy GPU worker
+        cpu = AsrWorker(SlowEngine(tiny_engine, 0.0), queue, None, partials="off")
+        cpu._busy.append((time.monotonic() - 5, time.monotonic(), True))
+        assert cpu.hints_taken() == "none"  # a busy CPU worker takes none: each row costs it an encoder run
         room = "ride-" + PREFIX
         final = Utterance(PREFIX + "-ride-final", room, "s-a", "Ann", "en", first, now() - 3, now())
         later = Utterance(PREFIX + "-ride-later", room, "s-b", "Bo", "en", second, now() - 3, now(), digest=audio_digest(second))

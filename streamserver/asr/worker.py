@@ -228,39 +228,43 @@ class AsrWorker:
         now = time.time()
         if any(now - at > FINAL_WAIT_S for entry_id, _ in batch if (at := queued_at(entry_id)) is not None):
             self._waited = time.monotonic()
-        batch = await self._from_speculations(batch)
+        batch, waiting = await self._from_speculations(batch)
+        self._deferred.update((entry[0], entry) for entry in waiting)
         if not batch:
             return
-        riders = await self._riders(len(batch))
+        riders = await self._riders(batch)
         started = time.perf_counter()
+        recognised = await self.recogniser.transcribe(batch + riders)
+        self._worked(started, len(batch))  # the finals: what the workers' capacity is read as
         # The labels in line: on the H200 host, labelling beside the next engine batch (a thread of
         # its own) took more of its saturated cores and made every final later (p99 1.20 s against
-        # 0.90 s at 4,000 students): the engine is not what waits there.
-        results = await self.recogniser.run(batch + riders)
-        self._worked(started, len(batch) + len(riders))
-        await self._keep_speculations([r for r in results if r[0][1].kind == "speculative"])
-        for (entry_id, u), event in results:
-            if u.kind == "speculative":
-                continue
+        # 0.90 s at 4,000 students). The finals are labelled and published first, the riders after.
+        finals = [r for r in recognised if r[0][1].kind != "speculative"]
+        for (entry_id, u), event in await self.recogniser.label(finals):
             if event is None:
                 await self._failed(entry_id, u)
             else:
                 await self._complete(entry_id, u, event)
+        if riders:
+            await self._keep_speculations(await self.recogniser.label([r for r in recognised if r[0][1].kind == "speculative"]))
 
-    async def _riders(self, finals: int) -> list[Entry]:
+    async def _riders(self, batch: list[Entry]) -> list[Entry]:
         """Speculative hints to recognise in the finals' batch, where another row costs little
         (engine.batch_rows_cheap: a GPU). Under load the queue always holds finals, so hints
         taken only between batches would wait behind them until the hangover ends and be of no
         use; riding along, each is recognised within one batch of its pause, and its final
         then needs no recognition at all."""
-        room = self.max_batch - finals
+        room = self.batch_size() - len(batch)
         if not self.engine.batch_rows_cheap or room <= 0:
             return []
         try:
             hints = await self.queue.take_hints(room, partials=False)
         except UNREACHABLE:
             return []
-        return await self._speculating(hints)
+        # Only those of the batch's languages (another language is an engine call of its own),
+        # and not a final's own speculation: dropped unmarked, their finals are recognised as always.
+        languages, finals = {u.language for _, u in batch}, {u.utterance_id for _, u in batch}
+        return await self._speculating([h for h in hints if h.language in languages and h.utterance_id not in finals])
 
     async def _speculating(self, hints: list[Utterance]) -> list[Entry]:
         """Speculative hints about to be recognised, marked so: their finals, if they come
@@ -274,9 +278,12 @@ class AsrWorker:
         return speculative
 
     async def _keep_speculations(self, results: list[tuple[Entry, TranscriptEvent | None]]) -> None:
+        """Each result kept for its final; a failed one's mark is lifted (its final is then
+        recognised at once, not after PENDING_S)."""
         done = {u.utterance_id: Speculation(u.digest, event.to_json()) for (_, u), event in results if event is not None}
+        failed = {u.utterance_id: Speculation(u.digest, "") for (_, u), event in results if event is None}
         try:
-            await self.queue.keep_speculations(done)
+            await self.queue.keep_speculations({**done, **failed})
             for (_, u), event in results:
                 # the utterance as it stands at its pause: the newest caption, unless its final came first
                 if event is not None and event.text and self.partials != "off":  # no extra work: recognised anyway
@@ -291,36 +298,32 @@ class AsrWorker:
         end = time.monotonic()
         self._busy.append((end - seconds, end, essential))
 
-    async def _from_speculations(self, batch: list[Entry], wait: bool = True) -> list[Entry]:
-        """Finals whose speculative result is ready are published from it; those whose
-        speculation another worker is recognising wait for it (`wait`); the rest, to recognise."""
+    async def _from_speculations(self, batch: list[Entry]) -> tuple[list[Entry], list[Entry]]:
+        """Finals whose speculative result is ready are published from it; returned: the rest
+        to recognise, and those whose speculation another worker is recognising (to wait for)."""
         ids = [u.utterance_id for _, u in batch if u.digest]
         try:
             kept = await self.queue.speculations(ids) if ids else {}
         except UNREACHABLE:
             kept = {}
-        rest = []
+        rest, waiting = [], []
         for entry_id, u in batch:
             speculation = kept.get(u.utterance_id)
             event = speculation.final_for(u) if speculation else None
             if event is None:
-                if wait and speculation is not None and speculation.pending_for(u):
-                    self._deferred[entry_id] = (entry_id, u)
-                else:
-                    rest.append((entry_id, u))
+                (waiting if speculation is not None and speculation.pending_for(u) else rest).append((entry_id, u))
                 continue
             self.metrics.speculations.labels(outcome="used_by_worker").inc()
             await self._complete(entry_id, u, event)
-        return rest
+        return rest, waiting
 
     async def _settle_deferred(self) -> None:
         """The finals waiting for a speculation: published from it once it is ready; recognised
         here if it is not coming (its worker gave up or died: the mark's time passed)."""
-        deferred, self._deferred = list(self._deferred.values()), {}
-        rest = await self._from_speculations(deferred)
+        rest, waiting = await self._from_speculations(list(self._deferred.values()))  # still theirs meanwhile (claims)
+        self._deferred = {entry[0]: entry for entry in waiting}
         self.buffer += rest
-        if rest:
-            self.metrics.speculations.labels(outcome="waited_for_in_vain").inc()
+        self.metrics.speculations.labels(outcome="waited_for_in_vain").inc(len(rest))
 
     async def _take_hints(self, partials: bool) -> None:
         try:

@@ -164,7 +164,7 @@ class Tally:
             if uid in self.last_partial:
                 self.partial_agreement.append(word_agreement(self.last_partial.pop(uid)[1], event.get("text", "")))
             self.transcripts[uid] = (received - self.t0, received - float(event["end_of_speech_ts"]))
-            if (queued := self.queued_ts.get(uid)) and "published_ts" in event:
+            if not replayed and (queued := self.queued_ts.get(uid)) and "published_ts" in event:
                 end, published = float(event["end_of_speech_ts"]), float(event["published_ts"])
                 self.parts.append((queued - end, published - queued, received - published))
             self.received_by_student[event["student_id"]] += 1

@@ -128,8 +128,10 @@ def encoded_clips(frame_ms: int = 20) -> dict[str, EncodedClip]:
     out = {}
     for clip in load_clips(frame_ms):
         pcm = np.frombuffer(clip.pcm, "<i2")
-        out[clip.name] = EncodedClip(tuple(opus_packets(np.concatenate([pad(LEAD_PACKETS), pcm, pad(TAIL_PACKETS)]))),
-                                     tuple(sent_as_browser(opus_packets(np.concatenate([pad(LEAD_PACKETS), pcm, pad(DTX_TAIL_PACKETS)]), dtx=True))))
+        dtx = sent_as_browser(opus_packets(np.concatenate([pad(LEAD_PACKETS), pcm, pad(DTX_TAIL_PACKETS)]), dtx=True))
+        while dtx and dtx[-1] is None:  # the clip ends with its DTX packet: dtx_silence() goes on from there
+            dtx.pop()
+        out[clip.name] = EncodedClip(tuple(opus_packets(np.concatenate([pad(LEAD_PACKETS), pcm, pad(TAIL_PACKETS)]))), tuple(dtx))
     return out
 
 

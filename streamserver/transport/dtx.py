@@ -12,21 +12,26 @@ VAD) go away.
 The RTP timestamps still count the silence, so the receiver (rtp_audio.Reorder) fills the gap
 with silence when the next packet comes. That would end an utterance up to 400 ms late, so
 while a student's utterance is open (its hangover runs) SilenceSweep fills the silence of a
-stream in DTX as the time passes, one timer for the whole process, SWEEP_S apart and MARGIN_S
-behind the clock (a packet delayed by jitter less than that still finds its place free).
+stream in DTX as the time passes, one timer per event loop, SWEEP_S apart and MARGIN_S behind
+the clock (a packet delayed by jitter less than that still finds its place free; one that is
+later has the overlap dropped). A lost DTX packet is not noticed: that silence then comes with
+the next packet, up to ~400 ms later.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 import weakref
 from typing import Protocol
 
+log = logging.getLogger(__name__)
 DTX_BYTES = 2  # an Opus packet this short carries no audio (libwebrtc's own test for a DTX frame)
 SWEEP_S = 0.02
 MARGIN_S = 0.04
+FRAME_S = 0.02  # a browser's Opus frame: what a packet holds
 OPUS_PARAMETERS = {"usedtx": "1", "useinbandfec": "1"}
 
 
@@ -85,7 +90,12 @@ class SilenceSweep:
         self._timer = None
         now = time.monotonic()
         for stream in list(self._streams):
-            if not stream.fill_silence(now):
+            try:
+                keep = stream.fill_silence(now)
+            except Exception:  # noqa: BLE001 - one stream's failure is its own: the sweep goes on
+                log.exception("filling the silence of a DTX stream failed")
+                keep = False
+            if not keep:
                 self._streams.discard(stream)
         if self._streams:
             self._timer = asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)

@@ -192,13 +192,14 @@ class Reorder:
 
     def fill_silence(self, until_ts: int) -> None:
         """The sender is silent (DTX) up to `until_ts`: hand on its silence now rather than when
-        its next packet comes; that packet then fills only what is left of its gap. Nothing
-        while packets are held (a loss is being waited out)."""
-        if self._next_seq is None or self._held:
+        its next packet comes; that packet then fills only what is left of its gap. A packet
+        still held for a missing one is played first, its loss concealed: under DTX the HOLD
+        packets that would give the loss up may be a second away."""
+        if self._next_seq is None:
             return
+        self.flush()
         ticks = (until_ts - self._end_ts) & 0xFFFFFFFF
-        if 0 < ticks < 1 << 31:
-            samples = min(ticks // TICKS_PER_SAMPLE, MAX_GAP)
+        if 0 < ticks < 1 << 31 and (samples := min(ticks // TICKS_PER_SAMPLE, MAX_GAP)):
             self._end_ts = (self._end_ts + samples * TICKS_PER_SAMPLE) & 0xFFFFFFFF
             self.on_pcm(np.zeros(samples, np.int16))
 
@@ -217,7 +218,12 @@ class Reorder:
         self._next_seq = (self._next_seq + 1) & 0xFFFF
         ticks = (ts - self._end_ts) & 0xFFFFFFFF
         filler = None
-        if 0 < ticks < 1 << 31:  # a gap before this packet (a step back is a sender's glitch: nothing to fill)
+        # Behind where the audio handed on ends: silence filled early (DTX) that this packet's
+        # audio overlaps, or a sender's glitch. The overlap is dropped: the timeline never runs back.
+        overlap = ((1 << 32) - ticks) // TICKS_PER_SAMPLE if ticks >= 1 << 31 else 0
+        if overlap > MAX_CONCEALED:  # a larger step back is the sender's clock starting over: followed
+            overlap = 0
+        if 0 < ticks < 1 << 31:  # a gap before this packet
             self.concealed += 1
             gap = min(ticks // TICKS_PER_SAMPLE, MAX_GAP)
             # concealed before this packet is decoded: libopus's state goes on from the concealed audio
@@ -228,6 +234,10 @@ class Reorder:
         except OpusError:
             self.bad += 1  # its own time is filled when the next packet comes
             pcm = None
+        if pcm is not None and overlap:
+            if overlap >= pcm.size:
+                return
+            pcm, ts = pcm[overlap:], (ts + overlap * TICKS_PER_SAMPLE) & 0xFFFFFFFF
         if pcm is not None:
             self._end_ts = (ts + pcm.size * TICKS_PER_SAMPLE) & 0xFFFFFFFF
             pcm = pcm if filler is None else np.concatenate([filler, pcm])  # one hand-off, not two
@@ -385,10 +395,12 @@ class AudioReceiver(RTCRtpReceiver):
 
     def fill_silence(self, now: float) -> bool:
         """dtx.SilenceSweep's: while in DTX with an utterance open, its silence up to now."""
-        if self._dtx_from is None or self._ended or not self._open():
+        if self._dtx_from is None or self._ended or not self._enabled or not self._open():
             return False
         arrived, end_ts = self._dtx_from
-        due = now - arrived - dtx.MARGIN_S
+        # The DTX packet left when its frame ended, as the next packet will: MARGIN_S of jitter on
+        # top of that frame still finds its place free.
+        due = now - arrived - dtx.MARGIN_S - dtx.FRAME_S
         if due > 0:
             try:
                 self._reorder.fill_silence((end_ts + int(due * RTP_RATE)) & 0xFFFFFFFF)
