@@ -67,6 +67,21 @@ class Connection:
     tell: Tell | None = None
 
 
+async def _sent_together(sends: list[asyncio.Future], timeout_s: float) -> None:
+    """Acks go out side by side: one client that reads slowly (its socket's buffer full, a send
+    waiting for it to drain) must not hold up the acks of everyone behind it, which would make
+    every page of the gateway take the server for gone and reconnect at once. A send still
+    waiting after timeout_s is given up; that client gets the next round's."""
+    if not sends:
+        return
+    done, waiting = await asyncio.wait(sends, timeout=timeout_s)
+    for send in waiting:
+        send.cancel()
+    for send in done:
+        if not send.cancelled() and send.exception() is not None:  # a client gone this instant: its stream ends anyway
+            log.debug("an ack was not sent: %s", send.exception())
+
+
 class Classroom:
     def __init__(self, settings: Settings, bus: Bus, sink: UtteranceSink, publisher: OrderedPublisher,
                  metrics: Metrics, background: tuple[Background, ...] = (), local: LocalFeeds | None = None) -> None:
@@ -146,15 +161,14 @@ class Classroom:
                 log.debug("acks not advanced: %s", error)
                 done = set()
             ts = now()
+            sends = []
             for c in kept:
                 if c.audio.closed or self.connections.get((c.audio.room_id, c.audio.student_id)) is not c:
                     continue  # replaced meanwhile: its speech in progress may be the page's to send again
                 c.audio.settle(done)
                 ack = c.audio.ack()
-                try:
-                    await c.tell({"type": "ack", "t": None if ack is None else round(ack, 4), "ts": ts})
-                except Exception as error:  # noqa: BLE001 - a client gone this instant: its stream ends anyway
-                    log.debug("ack to %s not sent: %s", c.audio.student_id, error)
+                sends.append(asyncio.ensure_future(c.tell({"type": "ack", "t": None if ack is None else round(ack, 4), "ts": ts})))
+            await _sent_together(sends, recovery.ACK_EVERY_S)
 
     async def _watch_rooms(self) -> None:
         """Rooms in use here keep their record alive and end here when another process closed

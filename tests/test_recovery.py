@@ -236,3 +236,28 @@ def test_a_server_killed_while_a_student_speaks_loses_nothing(redis_url):
     assert match_sentences(texts, heard) == list(range(len(texts))), heard
     assert any(f.get("recovered") for f in finals)
     assert wer(texts, heard) < 0.15
+
+
+def test_one_slow_client_does_not_hold_up_the_others_acks():
+    """Acks go out side by side: a client whose send waits (its socket's buffer full) is given
+    up after the round's time, and the others' acks have gone out meanwhile."""
+    from streamserver.classroom import _sent_together
+
+    async def body() -> tuple[list[str], bool, float]:
+        sent: list[str] = []
+        stuck = asyncio.Event()
+
+        async def tell(name: str, slow: bool) -> None:
+            if slow:
+                await stuck.wait()  # never set: a client that stopped reading
+            sent.append(name)
+
+        sends = [asyncio.ensure_future(tell(n, n == "slow")) for n in ("a", "slow", "b", "c")]
+        started = time.monotonic()
+        await _sent_together(sends, 0.3)
+        took = time.monotonic() - started
+        await asyncio.sleep(0)  # the cancellation lands
+        return sent, sends[1].cancelled(), took
+
+    sent, cancelled, took = asyncio.run(body())
+    assert sent == ["a", "b", "c"] and cancelled and took < 1.0
