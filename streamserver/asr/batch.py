@@ -1,5 +1,5 @@
 """One batch of utterances -> one event each: grouped by language, recognised in a worker
-thread (the event loop never waits on the engine), labelled with their intent in another.
+thread (the event loop never waits on the engine), labelled with their intent.
 
 A group whose engine call raises is retried one utterance at a time, so one bad utterance
 costs only itself; an utterance that fails alone comes back without an event.
@@ -33,26 +33,23 @@ def result_event(u: Utterance, r: Transcript, intents: dict[str, dict]) -> Trans
 
 
 class BatchRecogniser:
-    """Two stages, each on a thread of its own and timed (streamserver_recognition_seconds_total):
-    the engine (transcribe), then the intent labels (label); run() is both, one after the other.
-    On the H200 host the labels took three to four times the engine's time (29-37 s against
+    """The engine, then the intent labels, each timed (streamserver_recognition_seconds_total:
+    on the H200 host the labels took three to four times the engine's time, 29-37 s against
     9-14 s in a 4,000-student minute)."""
 
     def __init__(self, engine: Engine, intent: IntentClassifier | None, metrics: Metrics) -> None:
         self.engine, self.intent, self.metrics = engine, intent, metrics
-        # One thread each: the engine serves one batch at a time, and so does the classifier.
+        # One thread: the engine serves one batch at a time.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
-        self._labeller = ThreadPoolExecutor(max_workers=1, thread_name_prefix="intent")
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self._labeller.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, batch: list[Entry], with_intent: bool = True) -> list[Result]:
         """`with_intent` False: no intent labels (live captions have none)."""
-        return await self.label(await self.transcribe(batch), with_intent)
+        return await self._label(await self._recognise(batch), with_intent)
 
-    async def transcribe(self, batch: list[Entry]) -> list[Recognised]:
+    async def _recognise(self, batch: list[Entry]) -> list[Recognised]:
         """The engine's results, grouped by language (one engine call per group)."""
         by_language: dict[str, list[Entry]] = defaultdict(list)
         for entry in batch:
@@ -62,16 +59,16 @@ class BatchRecogniser:
             out += await self._group(group, None if language == "auto" else language)
         return out
 
-    async def label(self, recognised: list[Recognised], with_intent: bool = True) -> list[Result]:
+    async def _label(self, recognised: list[Recognised], with_intent: bool) -> list[Result]:
         """Each result's event, with the intent of each distinct non-empty text."""
         texts = sorted({r.text for _, r in recognised if r is not None and r.text})
         intents: dict[str, dict] = {}
         if with_intent and self.intent is not None and texts:
-            intents = await asyncio.get_running_loop().run_in_executor(self._labeller, self._intents, texts)
+            intents = await asyncio.get_running_loop().run_in_executor(self._executor, self._intents, texts)
         return [(entry, None if r is None else result_event(entry[1], r, intents)) for entry, r in recognised]
 
     def _intents(self, texts: list[str]) -> dict[str, dict]:
-        """In the labeller's thread."""
+        """In the worker thread."""
         assert self.intent is not None
         started = time.perf_counter()
         try:
@@ -83,7 +80,7 @@ class BatchRecogniser:
             self.metrics.recognition_seconds.labels(part="intent").inc(time.perf_counter() - started)
 
     def _transcribe(self, audios: list[np.ndarray], language: str | None) -> list[Transcript]:
-        """In the engine's thread."""
+        """In the worker thread."""
         started = time.perf_counter()
         try:
             return self.engine.transcribe_batch(audios, language)

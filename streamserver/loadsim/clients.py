@@ -84,9 +84,9 @@ async def join_student(
 ) -> RTCPeerConnection:
     """An aiortc student that plays `wav` as its microphone, once (aiortc's MediaPlayer: it
     encodes for this student), or sends what an audio track gives (webrtc_student.OpusPlanTrack:
-    packets encoded once per clip, with DTX when the server's answer asks for it). The identity the server issued is left on the peer as
-    `pc.identity` (student_id and resume secret, also `pc.student_id`); pass it back to
-    reconnect as the same student. `recovery_channel`: it opens the student page's recovery data
+    packets encoded once per clip, with DTX when the server's answer asks for it). The identity
+    the server issued is left on the peer as `pc.identity` (student_id and resume secret, also
+    `pc.student_id`); pass it back to reconnect as the same student. `recovery_channel`: it opens the student page's recovery data
     channel and sends its marks, so that the server pays for it as for a page (acks come back;
     this student keeps no audio: it never catches up). `dtx` False: DTX is never used (a noisy
     room, where the encoder never goes quiet)."""

@@ -6,8 +6,9 @@ aiortc's RTCRtpSender sends an `av.Packet` from a track as it is (it only packs 
 `Encoder.pack`), so a track whose recv() returns Opus packets at the right times is a browser
 microphone as far as the server can tell: 20 ms packets on the 48 kHz RTP clock, continuous
 timestamps; in silence, what a browser sends when the server's answer asks for DTX (its
-`usedtx=1`: transport/dtx.py), almost nothing, and otherwise a packet every 20 ms. Encoding per student instead (aiortc's MediaPlayer,
-a decoding thread per student and aiortc's Opus encoder in one thread pool: ~30 ms of CPU per
+`usedtx=1`: transport/dtx.py), almost nothing, and otherwise a packet every 20 ms. Encoding per
+student instead (aiortc's MediaPlayer, a decoding thread per student and aiortc's Opus encoder
+in one thread pool: ~30 ms of CPU per
 student-second here, against ~3 ms for this client) saturated the simulator process at 40-50
 students on 2 cores: its audio fell behind real time (20 s behind after 40 s with 50 students),
 and what the students had not sent when they hung up never reached the server (issue 13).

@@ -53,15 +53,18 @@ class Speculation:
         most: the worker may die) instead of being recognised a second time by another worker."""
         return cls(digest, "", now() + wait_s)
 
+    def _of_audio(self, u: Utterance) -> bool:
+        """Of this final's very audio (a final cut at the maximum length is never speculated on)."""
+        return bool(u.digest) and u.digest == self.digest and not u.cut
+
     def pending_for(self, u: Utterance) -> bool:
         """Being recognised, for this very audio, and not given up on: its final should wait."""
-        return (not self.event_json and now() < self.pending_until and bool(u.digest) and u.digest == self.digest
-                and not u.cut)
+        return not self.event_json and now() < self.pending_until and self._of_audio(u)
 
     def final_for(self, u: Utterance) -> TranscriptEvent | None:
         """The final's event, published now, if this result is of its very audio (and reads);
         None otherwise: the final is recognised as always."""
-        if not u.digest or u.digest != self.digest or u.cut or not self.event_json:
+        if not self.event_json or not self._of_audio(u):
             return None
         try:
             event = TranscriptEvent.from_json(self.event_json)

@@ -33,6 +33,8 @@ SWEEP_S = 0.02
 MARGIN_S = 0.04
 FRAME_S = 0.02  # a browser's Opus frame: what a packet holds
 OPUS_PARAMETERS = {"usedtx": "1", "useinbandfec": "1"}
+_OPUS_RTPMAP = re.compile(r"a=rtpmap:(\d+) opus/", re.IGNORECASE)
+_FMTP = re.compile(r"a=fmtp:(\d+) (.*)")
 
 
 def is_dtx(payload: bytes) -> bool:
@@ -43,19 +45,21 @@ def ask_for_dtx(sdp: str) -> str:
     """An answer's SDP with OPUS_PARAMETERS on each Opus payload type's fmtp line (added, or
     merged into the one there): what the browser's encoder reads from the remote description."""
     lines = sdp.split("\r\n")
+    opus = {m.group(1) for line in lines if (m := _OPUS_RTPMAP.match(line))}
+    with_fmtp = {m.group(1) for line in lines if (m := _FMTP.match(line)) and m.group(1) in opus}
     out: list[str] = []
-    opus = {m.group(1) for line in lines if (m := re.match(r"a=rtpmap:(\d+) opus/", line, re.IGNORECASE))}
-    with_fmtp = {m.group(1) for line in lines if (m := re.match(r"a=fmtp:(\d+) ", line)) and m.group(1) in opus}
     for line in lines:
-        m = re.match(r"a=fmtp:(\d+) (.*)", line)
-        if m and m.group(1) in opus:
+        if (m := _FMTP.match(line)) and m.group(1) in opus:
             params = dict(p.split("=", 1) for p in m.group(2).split(";") if "=" in p)
-            line = f"a=fmtp:{m.group(1)} " + ";".join(f"{k}={v}" for k, v in {**params, **OPUS_PARAMETERS}.items())
+            line = _fmtp_line(m.group(1), {**params, **OPUS_PARAMETERS})
         out.append(line)
-        m = re.match(r"a=rtpmap:(\d+) opus/", line, re.IGNORECASE)
-        if m and m.group(1) not in with_fmtp:
-            out.append(f"a=fmtp:{m.group(1)} " + ";".join(f"{k}={v}" for k, v in OPUS_PARAMETERS.items()))
+        if (m := _OPUS_RTPMAP.match(line)) and m.group(1) not in with_fmtp:
+            out.append(_fmtp_line(m.group(1), OPUS_PARAMETERS))
     return "\r\n".join(out)
+
+
+def _fmtp_line(payload_type: str, params: dict[str, str]) -> str:
+    return f"a=fmtp:{payload_type} " + ";".join(f"{k}={v}" for k, v in params.items())
 
 
 def asks_for_dtx(sdp: str) -> bool:
@@ -82,9 +86,6 @@ class SilenceSweep:
         self._streams.add(stream)
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)
-
-    def __len__(self) -> int:
-        return len(self._streams)
 
     def _sweep(self) -> None:
         self._timer = None

@@ -471,7 +471,8 @@ def install(receiver: RTCRtpReceiver, on_pcm: Callable[[np.ndarray], None], on_e
     goes to on_pcm as 16 kHz mono int16, in order; on_end once when the stream ends (the peer
     closed, disconnected or sent BYE); an exception from on_pcm goes to on_error and the stream
     goes on. `utterance_open` says whether the stream's VAD has an utterance open: while it has,
-    the silence of a sender in DTX is handed on as time passes (transport/dtx.py). aiortc builds receivers itself (no factory to hand it), so the class of this one
+    the silence of a sender in DTX is handed on as time passes (transport/dtx.py). aiortc builds
+    receivers itself (no factory to hand it), so the class of this one
     instance is changed; other peers in the process (aiortc clients) keep aiortc's."""
     if type(receiver) is not RTCRtpReceiver or receiver._RTCRtpReceiver__started:
         raise ValueError("install() takes an aiortc RTCRtpReceiver that has not started")
