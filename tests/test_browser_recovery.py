@@ -3,7 +3,7 @@ sends what the server had not acknowledged, so that nothing it said is lost or s
 
 A 48 s track of eight sentences is spoken through the page's fake microphone against a real
 `serve --redis-url` (STREAMSERVER_SECRET set, tiny.en), read off the teacher's dashboard:
-- once without a break (the WER to compare with),
+- three times without a break (the mean WER to compare with: see BASELINE_RUNS),
 - with the server SIGKILLed at 14 s and started again at 19 s on the same port,
 - with the student's network dropped for 10 s at 14 s (iptables: every UDP datagram on loopback,
   which carries the WebRTC session, and the TCP port of the server, which carries the page's
@@ -91,14 +91,28 @@ def lesson_track(tmp_path_factory) -> tuple[Path, list[str]]:
     return speech_file(tmp_path_factory.mktemp("track") / "lesson.wav", audio, lead_s=0.5, tail_s=1.0), texts
 
 
+# Runs of the track without any break, for the WER to compare with. One run is not enough: the
+# same track through the page gives 2.1 %, 4.2 % or 6.3 % (2, 4 or 6 of its 95 words, in
+# the runs of three sessions), because the RTP stream starts at a different point of the microphone's
+# audio each time, so the VAD's frames and the utterances' edges fall elsewhere and tiny.en
+# flips a word or two ("his"/"its", "ill-disposed"). Against one such run the 2-point margin
+# (1.9 words) was a coin toss (a green crash run of 4.2 % failed against a baseline of 2.1 %);
+# the mean of three is the steadier reference.
+BASELINE_RUNS = 3
+
+
 @pytest.fixture(scope="module")
 def baseline(redis_url, tmp_path_factory, lesson_track) -> float:
-    """The WER of the track through the page without any break."""
+    """The mean WER of the track through the page without any break, over BASELINE_RUNS runs."""
     mic, texts = lesson_track
-    with ServerProcess("--redis-url", redis_url) as server:
-        heard, _ = _lesson(server.url, tmp_path_factory.mktemp("baseline"), mic, len(texts), None)
-    assert match_sentences(texts, heard) == list(range(len(texts))), heard
-    return wer(texts, heard)
+    rates = []
+    for _ in range(BASELINE_RUNS):
+        with ServerProcess("--redis-url", redis_url) as server:
+            heard, _ = _lesson(server.url, tmp_path_factory.mktemp("baseline"), mic, len(texts), None)
+        assert match_sentences(texts, heard) == list(range(len(texts))), heard
+        rates.append(wer(texts, heard))
+    print(f"baseline WER of {BASELINE_RUNS} runs without a break: {', '.join(f'{r:.3f}' for r in rates)}")
+    return sum(rates) / len(rates)
 
 
 def test_a_server_killed_and_restarted_loses_no_sentence(redis_url, tmp_path, lesson_track, baseline):
@@ -117,7 +131,7 @@ def test_a_server_killed_and_restarted_loses_no_sentence(redis_url, tmp_path, le
     finally:
         for server in servers:
             server.stop()
-    print(f"baseline WER {baseline:.3f}, with the crash {wer(texts, heard):.3f}; page said {statuses}")
+    print(f"baseline WER {baseline:.3f}, with the crash {wer(texts, heard):.3f}; heard {heard}; page said {statuses}")
     assert any("your speech is kept" in s for s in statuses), statuses
     assert match_sentences(texts, heard) == list(range(len(texts))), heard  # each once, in order
     assert wer(texts, heard) <= baseline + 0.02
@@ -171,7 +185,7 @@ def test_a_ten_second_network_blip_loses_no_sentence(redis_url, tmp_path, lesson
             for rule in rules:  # never left behind, whatever failed
                 while subprocess.run(["iptables", "-D", *rule], capture_output=True).returncode == 0:
                     pass
-    print(f"baseline WER {baseline:.3f}, with the blip {wer(texts, heard):.3f}; page said {statuses}")
+    print(f"baseline WER {baseline:.3f}, with the blip {wer(texts, heard):.3f}; heard {heard}; page said {statuses}")
     assert any("your speech is kept" in s for s in statuses), statuses
     assert match_sentences(texts, heard) == list(range(len(texts))), heard
     assert wer(texts, heard) <= baseline + 0.02
