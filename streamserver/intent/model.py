@@ -28,6 +28,17 @@ class Embedder(Protocol):
     def embed(self, texts: list[str]) -> np.ndarray: ...
 
 
+def intent_embedder_for(speech_backend: str) -> Embedder:
+    """The sentence embedder beside a speech engine: on its GPU when it has one (torch-cuda: the
+    labels then cost the host's CPU almost nothing, where the CPU embedder took several cores
+    of a busy GPU host), else ONNX Runtime on the CPU."""
+    if speech_backend == "torch-cuda":
+        from streamserver.intent.e5_torch import TorchE5Embedder
+
+        return TorchE5Embedder("cuda")
+    return OnnxE5Embedder()
+
+
 # Weight of the n-gram bag against the standardised embedding and cues (chosen on the dev split:
 # dev accuracy 0.79 without n-grams, 0.83 with them at 30).
 NGRAM_SCALE = 30.0
