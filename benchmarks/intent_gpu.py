@@ -22,7 +22,7 @@ if __package__ in (None, ""):
 from streamserver.intent.e5_onnx import OnnxE5Embedder  # noqa: E402
 from streamserver.intent.e5_torch import TorchE5Embedder  # noqa: E402
 from streamserver.intent.model import EmbeddingIntentClassifier  # noqa: E402
-from tests.test_e5_onnx import _texts  # noqa: E402
+from benchmarks.intent.train import load  # noqa: E402
 
 BATCH = 64
 
@@ -44,7 +44,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=4, help="the CPU embedder's threads (the worker's default on the GPU host)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "intent-gpu.json")
     args = p.parse_args()
-    texts = _texts()
+    texts = [t for split in ("train", "dev", "test") for t in load(split)[0]]  # every text of the data set
     cpu = EmbeddingIntentClassifier(embedder=OnnxE5Embedder(threads=args.threads))
     gpu = EmbeddingIntentClassifier(embedder=TorchE5Embedder(args.device))
     a, b = cpu.embedder.embed(texts), gpu.embedder.embed(texts)

@@ -80,10 +80,10 @@ def _warm_engine_and_intent(model: str, backend: str, threads: int):  # noqa: AN
     try:
         engine = load_engine(model, backend, threads, progress=_progress)
         engine.warmup()
+        intent = EmbeddingIntentClassifier(embedder=intent_embedder_for(getattr(engine, "backend_name", "")))
     except (WeightsError, BackendUnavailable, ValueError) as error:
         _progress(f"error: {error}")
         return None
-    intent = EmbeddingIntentClassifier(embedder=intent_embedder_for(getattr(engine, "backend_name", "")))
     intent.classify(["warm up"])
     return engine, intent
 

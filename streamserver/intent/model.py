@@ -8,6 +8,7 @@ label is None chosen on the dev split. The test split is never looked at in trai
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Protocol
 
@@ -31,8 +32,12 @@ class Embedder(Protocol):
 def intent_embedder_for(speech_backend: str) -> Embedder:
     """The sentence embedder beside a speech engine: on its GPU when it has one (torch-cuda: the
     labels then cost the host's CPU almost nothing, where the CPU embedder took several cores
-    of a busy GPU host), else ONNX Runtime on the CPU."""
-    if speech_backend == "torch-cuda":
+    of a busy GPU host), else ONNX Runtime on the CPU. STREAMSERVER_INTENT_DEVICE=cpu keeps them
+    on the CPU (auto, the default: as above)."""
+    choice = os.environ.get("STREAMSERVER_INTENT_DEVICE", "auto")
+    if choice not in ("auto", "cpu"):
+        raise ValueError(f"STREAMSERVER_INTENT_DEVICE={choice!r}: expected auto or cpu")
+    if speech_backend == "torch-cuda" and choice == "auto":
         from streamserver.intent.e5_torch import TorchE5Embedder
 
         return TorchE5Embedder("cuda")
