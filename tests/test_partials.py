@@ -338,3 +338,52 @@ def test_speculations_ride_along_with_the_finals_where_rows_are_cheap(tiny_engin
 
     run(body())
 
+
+
+class CountingIntent:
+    """The real intent classifier, the texts it was asked to label noted."""
+
+    def __init__(self) -> None:
+        from streamserver.intent.model import EmbeddingIntentClassifier
+
+        self.classifier, self.labelled = EmbeddingIntentClassifier(), []
+
+    def classify(self, texts):  # noqa: ANN001, ANN201 - IntentClassifier's
+        self.labelled += texts
+        return self.classifier.classify(texts)
+
+
+def test_partials_ride_along_on_a_gpu_with_headroom_and_get_no_label(tiny_engine, librivox, redis_url):
+    """On a GPU under load the queue always holds finals, so a caption taken only between batches
+    would wait for seconds: while the engine has headroom, partials ride in the finals' batch,
+    are published as captions, and cost no intent label. A busy GPU worker (auto) takes
+    speculative riders only."""
+    (_, first, _), (_, second, _) = librivox[1], librivox[4]
+
+    async def body() -> None:
+        gateway, queue = RedisQueue(redis_url), RedisQueue(redis_url, "w-ride-p-" + PREFIX)
+        await queue.ensure_group()
+        engine, intent, metrics = CheapRowsEngine(tiny_engine), CountingIntent(), Metrics()
+        worker = AsrWorker(engine, queue, intent, partials="auto", metrics=metrics)
+        assert worker.partial_riders() and worker.hints_taken() == "all"  # an idle GPU worker
+        room = "ride-p-" + PREFIX
+        final = Utterance(PREFIX + "-ridep-final", room, "s-a", "Ann", "en", first, now() - 3, now())
+        speaking = Utterance(PREFIX + "-ridep-partial", room, "s-b", "Bo", "en", second[: 2 * RATE], now() - 2, now(),
+                             kind="partial", revision=1)
+        try:
+            await gateway.submit(final)
+            await gateway.offer(speaking)
+            entries = [e for e in await queue.read(64, 2000) if e[1].utterance_id == final.utterance_id]
+            await worker._transcribe(entries)
+            assert engine.batches == [2]  # one engine call: the final and the caption
+            assert await queue.is_done(final.utterance_id)
+            assert 'streamserver_partials_total{outcome="published"} 1.0' in metrics.render().decode()
+            assert len(intent.labelled) == 1  # the final's text only
+            worker._busy.append((time.monotonic() - 5, time.monotonic(), True))  # busy the whole window
+            assert not worker.partial_riders() and worker.hints_taken() == "speculative"
+            assert AsrWorker(engine, queue, None, partials="off").partial_riders() is False
+        finally:
+            await gateway.close()
+            await queue.close()
+
+    run(body())

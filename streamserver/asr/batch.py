@@ -45,9 +45,9 @@ class BatchRecogniser:
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def run(self, batch: list[Entry], with_intent: bool = True) -> list[Result]:
-        """`with_intent` False: no intent labels (live captions have none)."""
-        return await self._label(await self._recognise(batch), with_intent)
+    async def run(self, batch: list[Entry]) -> list[Result]:
+        """Partials (live captions) get no intent label: only finals and speculations do."""
+        return await self._label(await self._recognise(batch))
 
     async def _recognise(self, batch: list[Entry]) -> list[Recognised]:
         """The engine's results, grouped by language (one engine call per group)."""
@@ -59,11 +59,12 @@ class BatchRecogniser:
             out += await self._group(group, None if language == "auto" else language)
         return out
 
-    async def _label(self, recognised: list[Recognised], with_intent: bool) -> list[Result]:
-        """Each result's event, with the intent of each distinct non-empty text."""
-        texts = sorted({r.text for _, r in recognised if r is not None and r.text})
+    async def _label(self, recognised: list[Recognised]) -> list[Result]:
+        """Each result's event, with the intent of each distinct non-empty text of a final or
+        speculation."""
+        texts = sorted({r.text for entry, r in recognised if r is not None and r.text and entry[1].kind != "partial"})
         intents: dict[str, dict] = {}
-        if with_intent and self.intent is not None and texts:
+        if self.intent is not None and texts:
             intents = await asyncio.get_running_loop().run_in_executor(self._executor, self._intents, texts)
         return [(entry, None if r is None else result_event(entry[1], r, intents)) for entry, r in recognised]
 

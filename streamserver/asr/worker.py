@@ -20,8 +20,12 @@ captions are on; a partial's text goes to the room at once.
 `partials`: "on", "off" (speculative hints only) or "auto" (partials while the finals and
 speculations kept the engine busy less than HEADROOM of the last BUSY_WINDOW_S and no final
 waited in the queue more than FINAL_WAIT_S in it; no hints at all past HEADROOM, on "off" too:
-an overloaded engine spends itself on finals). A final whose speculation another worker is
-recognising waits for it (PENDING_S at most) rather than being recognised twice.
+an overloaded engine spends itself on finals). Where another row in a batch costs little (a GPU:
+engine.batch_rows_cheap), hints also ride in the finals' batches: speculative ones always, and
+partials while the engine has headroom (busy < HEADROOM; "on": always) -- under load the queue
+always holds finals, and hints taken only between batches would come too late. A final whose
+speculation another worker is recognising waits for it (PENDING_S at most) rather than being
+recognised twice.
 """
 
 from __future__ import annotations
@@ -172,8 +176,8 @@ class AsrWorker:
                     await asyncio.sleep(0.5)
                     continue
             if not self.buffer:
-                if hints is not None:
-                    await self._take_hints(hints)
+                if hints is not None:  # partials too while they would ride (a GPU with headroom)
+                    await self._take_hints(hints or self.partial_riders())
                 else:
                     self._hints_waiting = False
                 continue
@@ -202,13 +206,23 @@ class AsrWorker:
         return (self.partials == "auto" and time.monotonic() - self._waited > BUSY_WINDOW_S
                 and self.busy_ratio(with_partials=True) < CAPTIONS_SHARE)
 
+    def partial_riders(self) -> bool:
+        """Whether partials ride in the finals' batches too (_riders): where a row costs little
+        (engine.batch_rows_cheap), while the finals and speculations leave the engine headroom
+        ("on": always). They then wait for no final and delay none by more than their rows."""
+        if not self.engine.batch_rows_cheap or self.partials == "off":
+            return False
+        return self.partials == "on" or self.busy_ratio() < HEADROOM
+
     def hints_taken(self) -> str:
         """What the gateways should offer this worker (queue.base.HINT_LEVELS): speculative hints
-        always where they ride along in batches (_riders)."""
+        always where they ride along in batches (_riders), partials too while they ride."""
         kinds = self.hint_kinds()
+        if kinds or self.partial_riders():
+            return "all"
         if kinds is None:
             return "speculative" if self.engine.batch_rows_cheap else "none"
-        return "all" if kinds else "speculative"
+        return "speculative"
 
     def busy_ratio(self, with_partials: bool = False) -> float:
         """Share of the last BUSY_WINDOW_S the engine spent on finals and speculations (and
@@ -243,8 +257,9 @@ class AsrWorker:
         results = await self.recogniser.run(batch + riders)
         self._worked(started, len(batch) + len(riders))
         await self._keep_speculations([r for r in results if r[0][1].kind == "speculative"])
+        await self._publish_partials([r for r in results if r[0][1].kind == "partial"])
         for (entry_id, u), event in results:
-            if u.kind == "speculative":
+            if u.kind != "final":
                 continue
             if event is None:
                 await self._failed(entry_id, u)
@@ -252,22 +267,25 @@ class AsrWorker:
                 await self._complete(entry_id, u, event)
 
     async def _riders(self, batch: list[Entry]) -> list[Entry]:
-        """Speculative hints to recognise in the finals' batch, where another row costs little
-        (engine.batch_rows_cheap: a GPU). Under load the queue always holds finals, so hints
-        taken only between batches would wait behind them until the hangover ends and be of no
-        use; riding along, each is recognised within one batch of its pause, and its final
+        """Hints to recognise in the finals' batch, where another row costs little
+        (engine.batch_rows_cheap: a GPU): speculative ones, and partials while partial_riders().
+        Under load the queue always holds finals, so hints taken only between batches would wait
+        behind them (a speculation until its hangover ends, of no use then; a caption for
+        seconds); riding along, each is recognised within one batch, and a speculation's final
         then needs no recognition at all."""
         room = self.max_batch - len(batch)
         if not self.engine.batch_rows_cheap or room <= 0:
             return []
         try:
-            hints = await self.queue.take_hints(room, partials=False)
+            hints = await self.queue.take_hints(room, partials=self.partial_riders())
         except UNREACHABLE:
             return []
         # Only those of the batch's languages (another language is an engine call of its own),
-        # and not a final's own speculation: dropped unmarked, their finals are recognised as always.
+        # and not a final's own hint: a speculation dropped unmarked, its final is recognised as
+        # always; a caption of an utterance whose final is here would come after it.
         languages, finals = {u.language for _, u in batch}, {u.utterance_id for _, u in batch}
-        return await self._speculating([h for h in hints if h.language in languages and h.utterance_id not in finals])
+        hints = [h for h in hints if h.language in languages and h.utterance_id not in finals]
+        return await self._speculating(hints) + [("", u) for u in hints if u.kind == "partial"]
 
     async def _speculating(self, hints: list[Utterance]) -> list[Entry]:
         """Speculative hints about to be recognised, marked so: their finals, if they come
@@ -343,16 +361,19 @@ class AsrWorker:
         partial = [("", u) for u in hints if u.kind == "partial"]
         if partial:
             started = time.perf_counter()
-            results = await self.recogniser.run(partial, with_intent=False)
+            results = await self.recogniser.run(partial)
             self._worked(started, len(partial), essential=False)
-            for (_, u), event in results:
-                if event is None or not event.text:
-                    continue
-                try:
-                    sent = await self.queue.publish_partial(TranscriptPartialEvent.of(u, event.text, event.language))
-                except UNREACHABLE:
-                    continue
-                self.metrics.partials.labels(outcome="published" if sent else "late").inc()
+            await self._publish_partials(results)
+
+    async def _publish_partials(self, results: list[tuple[Entry, TranscriptEvent | None]]) -> None:
+        for (_, u), event in results:
+            if event is None or not event.text:
+                continue
+            try:
+                sent = await self.queue.publish_partial(TranscriptPartialEvent.of(u, event.text, event.language))
+            except UNREACHABLE:
+                continue
+            self.metrics.partials.labels(outcome="published" if sent else "late").inc()
 
     async def _complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> None:
         fresh = await self._until_reachable(self.queue.complete, entry_id, u, event)
