@@ -52,3 +52,16 @@ def match_sentences(texts: list[str], finals: list[str]) -> list[int]:
 def wer(texts: list[str], finals: list[str]) -> float:
     ref = normalize_en(" ".join(texts)).split()
     return edit_distance(ref, normalize_en(" ".join(finals)).split()) / len(ref)
+
+
+def sentence_errors(texts: list[str], finals: list[str]) -> list[int]:
+    """Words wrong in each sentence, when finals[i] says texts[i] (match_sentences is 0, 1, ...)."""
+    return [edit_distance(normalize_en(said).split(), normalize_en(heard).split()) for said, heard in zip(texts, finals)]
+
+
+def errors_over(texts: list[str], finals: list[str], without_break: list[list[int]]) -> float:
+    """The words a run got wrong beyond what the runs without a break got wrong in the same
+    sentence (the most of them), as a share of the track's words: what the break cost."""
+    worst = [max(run[i] for run in without_break) for i in range(len(texts))]
+    extra = sum(max(0, e - w) for e, w in zip(sentence_errors(texts, finals), worst))
+    return extra / len(normalize_en(" ".join(texts)).split())

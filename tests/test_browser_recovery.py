@@ -3,7 +3,7 @@ sends what the server had not acknowledged, so that nothing it said is lost or s
 
 A 48 s track of eight sentences is spoken through the page's fake microphone against a real
 `serve --redis-url` (STREAMSERVER_SECRET set, tiny.en), read off the teacher's dashboard:
-- three times without a break (the mean WER to compare with: see BASELINE_RUNS),
+- three times without a break (the words each sentence gets wrong without a break: see BASELINE_RUNS),
 - with the server SIGKILLed at 14 s and started again at 19 s on the same port,
 - with the student's network dropped for 10 s at 14 s (iptables: every UDP datagram on loopback,
   which carries the WebRTC session, and the TCP port of the server, which carries the page's
@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 
 from streamserver.loadsim.clients import create_room, speech_file
-from tests.recovery_track import match_sentences, track, wer
+from tests.recovery_track import errors_over, match_sentences, sentence_errors, track, wer
 from tests.server_process import ADMIN_TOKEN, ServerProcess, free_port
 from tests.test_browser import CHROMIUM, _chromium_flags
 
@@ -91,28 +91,32 @@ def lesson_track(tmp_path_factory) -> tuple[Path, list[str]]:
     return speech_file(tmp_path_factory.mktemp("track") / "lesson.wav", audio, lead_s=0.5, tail_s=1.0), texts
 
 
-# Runs of the track without any break, for the WER to compare with. One run is not enough: the
-# same track through the page gives 2.1 %, 4.2 % or 6.3 % (2, 4 or 6 of its 95 words, in
-# the runs of three sessions), because the RTP stream starts at a different point of the microphone's
-# audio each time, so the VAD's frames and the utterances' edges fall elsewhere and tiny.en
-# flips a word or two ("his"/"its", "ill-disposed"). Against one such run the 2-point margin
-# (1.9 words) was a coin toss (a green crash run of 4.2 % failed against a baseline of 2.1 %);
-# the mean of three is the steadier reference.
+# Runs of the track without any break, to compare with. The same track through the page gives
+# 2.1 %, 4.2 % or 6.3 % WER (2, 4 or 6 of its 95 words, in the runs of three sessions), because
+# the RTP stream starts at a different point of the microphone's audio each time, so the VAD's
+# frames and the utterances' edges fall elsewhere and tiny.en flips the same few words: "his" /
+# "its" in the first sentence, "ill disposed" / "old-sposed" in the second and third (2 words
+# each, often both at once). Against one run without a break, a 2-point margin (1.9 words) failed
+# on these flips alone: a crash run of 4.2 % against 2.1 %, a blip run of 6.3 % against a mean of
+# 3.5 % over three runs, with only those words wrong. So what a break run may get wrong beyond
+# what the runs without a break got wrong in the same sentence is at most 2 points of the track
+# (errors_over): the issue's margin, measured against the words a break can cost.
 BASELINE_RUNS = 3
+MARGIN = 0.02
 
 
 @pytest.fixture(scope="module")
-def baseline(redis_url, tmp_path_factory, lesson_track) -> float:
-    """The mean WER of the track through the page without any break, over BASELINE_RUNS runs."""
+def baseline(redis_url, tmp_path_factory, lesson_track) -> list[list[int]]:
+    """Words wrong per sentence in each of BASELINE_RUNS runs of the track without any break."""
     mic, texts = lesson_track
-    rates = []
+    runs = []
     for _ in range(BASELINE_RUNS):
         with ServerProcess("--redis-url", redis_url) as server:
             heard, _ = _lesson(server.url, tmp_path_factory.mktemp("baseline"), mic, len(texts), None)
         assert match_sentences(texts, heard) == list(range(len(texts))), heard
-        rates.append(wer(texts, heard))
-    print(f"baseline WER of {BASELINE_RUNS} runs without a break: {', '.join(f'{r:.3f}' for r in rates)}")
-    return sum(rates) / len(rates)
+        print(f"without a break: WER {wer(texts, heard):.3f}, heard {heard}")
+        runs.append(sentence_errors(texts, heard))
+    return runs
 
 
 def test_a_server_killed_and_restarted_loses_no_sentence(redis_url, tmp_path, lesson_track, baseline):
@@ -131,10 +135,11 @@ def test_a_server_killed_and_restarted_loses_no_sentence(redis_url, tmp_path, le
     finally:
         for server in servers:
             server.stop()
-    print(f"baseline WER {baseline:.3f}, with the crash {wer(texts, heard):.3f}; heard {heard}; page said {statuses}")
+    print(f"with the crash: WER {wer(texts, heard):.3f}, heard {heard}; words wrong per sentence {sentence_errors(texts, heard)}, "
+          f"without a break {baseline}; page said {statuses}")
     assert any("your speech is kept" in s for s in statuses), statuses
     assert match_sentences(texts, heard) == list(range(len(texts))), heard  # each once, in order
-    assert wer(texts, heard) <= baseline + 0.02
+    assert errors_over(texts, heard, baseline) <= MARGIN
 
 
 BLIP_TAG = "streamserver-blip-test"
@@ -185,7 +190,8 @@ def test_a_ten_second_network_blip_loses_no_sentence(redis_url, tmp_path, lesson
             for rule in rules:  # never left behind, whatever failed
                 while subprocess.run(["iptables", "-D", *rule], capture_output=True).returncode == 0:
                     pass
-    print(f"baseline WER {baseline:.3f}, with the blip {wer(texts, heard):.3f}; heard {heard}; page said {statuses}")
+    print(f"with the blip: WER {wer(texts, heard):.3f}, heard {heard}; words wrong per sentence {sentence_errors(texts, heard)}, "
+          f"without a break {baseline}; page said {statuses}")
     assert any("your speech is kept" in s for s in statuses), statuses
     assert match_sentences(texts, heard) == list(range(len(texts))), heard
-    assert wer(texts, heard) <= baseline + 0.02
+    assert errors_over(texts, heard, baseline) <= MARGIN
