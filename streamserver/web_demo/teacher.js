@@ -172,6 +172,7 @@ function renderTranscript(ev, intent) {
   item.dataset.studentId = ev.student_id;
   item.dataset.utteranceId = ev.utterance_id;
   item.dataset.publishedTs = ev.published_ts;
+  item.dataset.spokenTs = spokenTs(ev);
   item.dataset.label = intent.label ?? UNSURE;
 
   const meta = el('div', 'meta');
@@ -213,7 +214,7 @@ function showPartial(ev) {
     clearTimeout(old.goneTimer);
     old.replaceWith(item);
   } else {
-    insertInOrder(feed, item, ev.published_ts);
+    insertInOrder(feed, item, spokenTs(ev));
   }
   item.goneTimer = setTimeout(() => { if (partials.get(ev.utterance_id) === item) { item.remove(); partials.delete(ev.utterance_id); } },
     PARTIAL_GONE_MS);
@@ -221,11 +222,19 @@ function showPartial(ev) {
   if (follow) scrollToBottom();
 }
 
-// Inserts item into list in published order: usually at the end, but a history replay can fill a
-// gap left during a disconnection.
-function insertInOrder(list, item, publishedTs) {
+// When it was said: where a transcript goes in the feed. Not when it was published: a recovered
+// utterance (sent again after a break) or one recognised by a slower worker is published after
+// later speech of the same student, and the class reads in the order it was spoken. A history
+// replay after a disconnection fills its gap the same way.
+function spokenTs(ev) {
+  const ts = ev.start_ts ?? ev.end_of_speech_ts ?? ev.published_ts;
+  return Number.isFinite(ts) ? ts : Infinity;
+}
+
+// Inserts item into list by spokenTs: usually at the end.
+function insertInOrder(list, item, ts) {
   let before = null;
-  for (let node = list.lastElementChild; node && Number(node.dataset.publishedTs) > publishedTs;
+  for (let node = list.lastElementChild; node && Number(node.dataset.spokenTs) > ts;
     node = node.previousElementSibling) before = node;
   list.insertBefore(item, before);
 }
@@ -275,6 +284,7 @@ function enqueue(ev, intent) {
   item.dataset.label = intent.label;
   item.dataset.studentId = ev.student_id;
   item.dataset.publishedTs = ev.published_ts;
+  item.dataset.spokenTs = spokenTs(ev);
 
   const meta = el('div', 'meta');
   meta.append(intentBadge(intent), el('span', 'name', ev.student_name), timeOf(ev));
@@ -284,7 +294,7 @@ function enqueue(ev, intent) {
   done.addEventListener('click', () => clearQueued([ev.utterance_id]));
 
   item.append(meta, textOf(ev), done);
-  insertInOrder(queue, item, ev.published_ts);
+  insertInOrder(queue, item, spokenTs(ev));
   queued.set(ev.utterance_id, item);
   return true;
 }
@@ -348,7 +358,7 @@ function addTranscripts(events) {
       partials.delete(ev.utterance_id);
       partial.replaceWith(item);
     } else {
-      insertInOrder(feed, item, ev.published_ts);
+      insertInOrder(feed, item, spokenTs(ev));
     }
     countLabel(intent.label);
     if (enqueue(ev, intent)) queuedNow++;
