@@ -179,10 +179,9 @@ class OnnxE5Embedder:
         assert self._tokenizer is not None and self._word is not None
         windows = text_windows(self._tokenizer, texts)
         pooled = np.zeros((len(windows), self._hidden), np.float32)
-        for batch in _batches(list(enumerate(windows))):
-            ids = np.array([window[1] for _, window in batch])
-            (rows,) = self._session.run(None, {"word": self._rows(ids)})
-            pooled[[n for n, _ in batch]] = rows
+        for run in _batches(windows):
+            (rows,) = self._session.run(None, {"word": self._rows(np.array([windows[n][1] for n in run]))})
+            pooled[run] = rows
         return text_embeddings(windows, pooled, len(texts))
 
     def _rows(self, ids: np.ndarray) -> np.ndarray:
@@ -191,12 +190,12 @@ class OnnxE5Embedder:
         return e5_file.dequantize(self._word[ids.ravel()], self._hidden).reshape(*ids.shape, self._hidden)
 
 
-def _batches(windows: list[tuple[int, Window]]) -> list[list[tuple[int, Window]]]:
-    """Numbered windows of equal length together (so no padding, no mask, and each result is
-    exactly what it would be alone), at most BATCH_TOKENS tokens a run."""
-    groups: dict[int, list[tuple[int, Window]]] = {}
-    for item in windows:
-        groups.setdefault(len(item[1][1]), []).append(item)
+def _batches(windows: list[Window]) -> list[list[int]]:
+    """The windows' indices, those of equal length together (so no padding, no mask, and each
+    result is exactly what it would be alone), at most BATCH_TOKENS tokens a run."""
+    groups: dict[int, list[int]] = {}
+    for n, (_, ids) in enumerate(windows):
+        groups.setdefault(len(ids), []).append(n)
     batches = []
     for length, group in groups.items():
         step = max(1, BATCH_TOKENS // length)

@@ -171,7 +171,6 @@ function renderTranscript(ev, intent) {
   item.dataset.studentName = ev.student_name;
   item.dataset.studentId = ev.student_id;
   item.dataset.utteranceId = ev.utterance_id;
-  item.dataset.publishedTs = ev.published_ts;
   item.dataset.spokenTs = spokenTs(ev);
   item.dataset.label = intent.label ?? UNSURE;
 
@@ -283,7 +282,6 @@ function enqueue(ev, intent) {
   item.dataset.utteranceId = ev.utterance_id;
   item.dataset.label = intent.label;
   item.dataset.studentId = ev.student_id;
-  item.dataset.publishedTs = ev.published_ts;
   item.dataset.spokenTs = spokenTs(ev);
 
   const meta = el('div', 'meta');
