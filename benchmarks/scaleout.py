@@ -31,6 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from benchmarks.cpu_use import CpuSampler
 from streamserver.audio.segmenter import SegmenterConfig
 from tests.redis_server import RedisServer, free_port
 
@@ -87,6 +88,20 @@ def _hint_counters(worker_urls: list[str], gateway_urls: list[str], token: str) 
                 name, value = line.rsplit(" ", 1)
                 totals[name] = totals.get(name, 0.0) + float(value)
     return totals
+
+
+def _profile(targets: list[tuple[str, int]], logs: Path, duration_s: float) -> list[subprocess.Popen]:
+    """With SCALEOUT_PYSPY=<py-spy binary>: where gateway-0 and worker-0 spend their time, sampled
+    by py-spy for the middle third of the run (LOGS/<name>.pyspy.txt, py-spy's raw format: one line
+    per stack with its sample count)."""
+    pyspy = os.environ.get("SCALEOUT_PYSPY")
+    if not pyspy:
+        return []
+    third = max(1, int(duration_s / 3))
+    return [subprocess.Popen(["sh", "-c", f"sleep {third} && exec {shlex.quote(pyspy)} record --nonblocking -r 50 -d {third} "
+                              f"-f raw -p {pid} -o {shlex.quote(str(logs / (name + '.pyspy.txt')))}"],
+                             stdout=subprocess.DEVNULL, stderr=open(logs / f"{name}.pyspy.log", "w"))
+            for name, pid in targets]
 
 
 def _log_tails(logs: Path, lines: int = 15) -> None:
@@ -188,6 +203,12 @@ def main() -> int:
                    *(["--no-keep-audio"] if args.no_keep_audio else [])],
             env={**env, "STREAMSERVER_ADMIN_TOKEN": token},
         )
+        # Which process used the host's cores: the students are simulated on the same host.
+        cpu = CpuSampler({**{f"gateway-{i}": g.pid for i, (g, _) in enumerate(gateways)},
+                          **{f"worker-{i}": w.pid for i, (w, _) in enumerate(workers)},
+                          "redis": redis.pid, "loadsim": sim.pid})
+        cpu.start()
+        profiles = _profile([("gateway-0", gateways[0][0].pid), ("worker-0", workers[0][0].pid)], logs, args.duration)
         killed = gateway_killed = None
         started = time.time()
         if args.kill_gateway_at is not None:
@@ -209,6 +230,9 @@ def main() -> int:
                 start_worker("worker-0-restarted")
                 killed["replacement_started_at_s"] = round(time.time() - started, 1)
         rc = sim.wait()
+        cpu.stop()
+        for proc in profiles:
+            proc.wait()
         counters = _hint_counters([f"http://127.0.0.1:{mport}/metrics" for w, mport in workers if w.poll() is None],
                                   [url + "/metrics" for _, url in gateways], token)
         report_path = args.out / "report.json"
@@ -221,6 +245,7 @@ def main() -> int:
             "ort_spin": env.get("STREAMSERVER_ORT_SPIN", "0 (the worker default)"), "killed": killed, "gateway_killed": gateway_killed, "students_keep_audio": not args.no_keep_audio, "loadsim_exit": rc, "cpus": os.cpu_count(),
             "command": " ".join(sys.argv),
         }
+        report["cpu"] = cpu.summary()
         report["hint_counters"] = counters  # live captions and speculative finals, as the processes count them
         report_path.write_text(json.dumps(report, indent=1))
         lat = report.get("latency_s", {})

@@ -7,7 +7,7 @@
 #
 # On the device (python3 3.12 with torch/numpy/onnxruntime/aiohttp/matplotlib, no registry), the
 # packages it lacks come as the payload that benchmarks/scaleout_payload.sh builds here:
-# .stage6/1/chunk.1 ... .stage6/K/chunk.K, at most 50 MiB each, so one chunk per `run` call.
+# .stage6/1/chunk.1 ... .stage6/K/chunk.K, at most 40 MiB each, so one chunk per `run` call.
 # Calls 1..K-1 (carry [".stage6/N"]):  mkdir -p /root/stage6 && cp .stage6/N/chunk.* /root/stage6/
 # Call K (carry [".stage6/K"]), within the machine's warm window (30 s) of the previous call:
 #     mkdir -p /root/stage6 && cp .stage6/K/chunk.* /root/stage6/ && bash benchmarks/scaleout_device.sh
@@ -19,6 +19,7 @@
 #   WORKER_ARGS="" (more worker flags)  READY_TIMEOUT=300 (s for the worker's /readyz: the GPU
 #   engine compiles for 1-2 minutes)  NAME=scaleout-h200  OUT (the device tool sets it)
 #   PYTHON=python3  STAGE=/root/stage6  SITE=/tmp/site6  INSTALL=auto|yes|no
+#   PROFILE=1: py-spy samples gateway-0 and worker-0 for the middle third (their stacks in the logs)
 # A tiny form runs on the 2-core dev machine (INSTALL=no: its .venv has everything):
 #   OUT=/tmp/tiny INSTALL=no PYTHON=.venv/bin/python STUDENTS=40 DURATION=20 ROOMS=4 GATEWAYS=2 PROCESSES=2 \
 #       BACKEND=onnxruntime THREADS=2 MAX_BATCH=16 bash benchmarks/scaleout_device.sh
@@ -111,6 +112,10 @@ say "ulimit -n $(ulimit -n); $STUDENTS students, $ROOMS rooms, $GATEWAYS gateway
     "$WORKERS x $BACKEND $MODEL worker, speak ratio $SPEAK_RATIO, ${DURATION}s, VAD hangover ${HANGOVER_MS} ms"
 rm -rf "$LOGS" "$OUT/$NAME"
 export STREAMSERVER_ADMIN_TOKEN=${STREAMSERVER_ADMIN_TOKEN:-scaleout-device} PYTHONUNBUFFERED=1
+if [ "${PROFILE:-0}" = 1 ]; then  # py-spy samples gateway-0 and worker-0 (the payload's py-spy wheel)
+    for b in "$SITE/bin/py-spy" "$(command -v py-spy)"; do [ -x "$b" ] && export SCALEOUT_PYSPY=$b && break; done
+    say "profiling with ${SCALEOUT_PYSPY:-(no py-spy found)}"
+fi
 "$PYTHON" -m benchmarks.scaleout --students "$STUDENTS" --duration "$DURATION" --rooms "$ROOMS" \
     --speak-ratio "$SPEAK_RATIO" --gateways "$GATEWAYS" --loadsim-processes "$PROCESSES" --transport "$TRANSPORT" \
     --workers "$WORKERS" --threads "$THREADS" --max-batch "$MAX_BATCH" --model "$MODEL" --backend "$BACKEND" \
@@ -133,7 +138,7 @@ print(json.dumps({k: r.get(k) for k in ("students", "max_students_connected", "u
       "transcripts_received", "lost", "lost_vs_queued", "never_queued", "clips_unsent", "duplicates", "join_failures",
       "busy_rejections", "disconnects", "ice_consent_expired", "max_active_speakers", "simulator_max_lag_s", "latency_s",
       "latency_from_clip_end_s", "partials_received", "partials_after_final", "partial_first_s", "partial_gap_s",
-      "partial_agreement", "errors")}, indent=1))
+      "partial_agreement", "errors", "cpu")}, indent=1))
 ok = (r.get("max_students_connected", 0) >= r.get("students", 1) and r.get("transcripts_received", 0) > 0
       and r.get("lost") == 0 and r.get("duplicates") == 0 and lat.get("p99") is not None
       and lat["p99"] <= p99_max and r.get("students", 0) >= 2000)  # >= 2,000 students, p99 <= P99_MAX

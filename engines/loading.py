@@ -14,8 +14,9 @@ from typing import Callable
 
 from engines.backends import ENGINES, Backend, BackendUnavailable
 from engines.engine import Engine, StepEngine
+from engines.features import SAMPLE_RATE
 from engines.graphs import DEFAULT_PRECISION
-from engines.policy import POLICIES, EncoderPolicy, default_policy
+from engines.policy import POLICIES, EncoderPolicy, caption_policy, default_policy
 from engines.tokenizer import WhisperTokenizer
 from engines.weights import Weights, load_weights
 
@@ -54,8 +55,16 @@ def load_engine(
             log.warning("backend %s did not load (%s); trying the next", name, error)
             continue
         ENGINE_LOADS[(name, "loaded")] += 1
+        captions = caption_policy(weights.twin or model)
+        if not engine.batch_rows_cheap and captions and _shorter(POLICIES[captions], POLICIES[policy]):
+            engine.caption_policy = POLICIES[captions]
         return engine
     raise AssertionError("onnxruntime is always the last resort")  # pragma: no cover
+
+
+def _shorter(window: EncoderPolicy, than: EncoderPolicy) -> bool:
+    """A cheaper window for a typical caption (3 s of speech)."""
+    return window.frames(3 * SAMPLE_RATE) < than.frames(3 * SAMPLE_RATE)
 
 
 def _engine(

@@ -59,6 +59,10 @@ class RedisServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         if self.running:
             return self

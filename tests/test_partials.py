@@ -232,6 +232,7 @@ class SlowEngine:
     utterances counted: it holds a speculation in progress long enough to look at."""
 
     batch_rows_cheap = False  # a CPU's
+    caption_policy = None  # captions at the final's window
 
     def __init__(self, engine, delay_s: float) -> None:  # noqa: ANN001 - an Engine
         self.engine, self.delay_s, self.started, self.recognised = engine, delay_s, 0, 0

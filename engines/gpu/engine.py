@@ -179,7 +179,9 @@ class TorchCudaEngine(Engine):
         return [codes[i] for i in logits[:, ids].argmax(dim=1).tolist()]
 
     def transcribe_batch(self, audios: Sequence[np.ndarray], language: str | None = None, prompt: str | None = None,
-                         fallback: bool = True) -> list[Transcript]:
+                         fallback: bool = True, window: EncoderPolicy | None = None) -> list[Transcript]:
+        if window is not None and window.frames(16000) != self.policy.frames(16000):
+            raise ValueError("the GPU engine encodes at its own window only (its rows are cheap: no caption window)")
         try:
             return super().transcribe_batch(audios, language, prompt, fallback)
         finally:

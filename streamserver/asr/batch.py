@@ -50,13 +50,15 @@ class BatchRecogniser:
         return await self._label(await self._recognise(batch))
 
     async def _recognise(self, batch: list[Entry]) -> list[Recognised]:
-        """The engine's results, grouped by language (one engine call per group)."""
-        by_language: dict[str, list[Entry]] = defaultdict(list)
+        """The engine's results, grouped by language, and partials apart where the engine has a
+        cheaper window for captions (one engine call per group)."""
+        groups: dict[tuple[str, bool], list[Entry]] = defaultdict(list)
         for entry in batch:
-            by_language[entry[1].language].append(entry)
+            caption = self.engine.caption_policy is not None and entry[1].kind == "partial"
+            groups[(entry[1].language, caption)].append(entry)
         out: list[Recognised] = []
-        for language, group in by_language.items():
-            out += await self._group(group, None if language == "auto" else language)
+        for (language, caption), group in groups.items():
+            out += await self._group(group, None if language == "auto" else language, caption)
         return out
 
     async def _label(self, recognised: list[Recognised]) -> list[Result]:
@@ -80,24 +82,26 @@ class BatchRecogniser:
         finally:
             self.metrics.recognition_seconds.labels(part="intent").inc(time.perf_counter() - started)
 
-    def _transcribe(self, audios: list[np.ndarray], language: str | None) -> list[Transcript]:
+    def _transcribe(self, audios: list[np.ndarray], language: str | None, caption: bool) -> list[Transcript]:
         """In the worker thread."""
         started = time.perf_counter()
         try:
+            if caption:
+                return self.engine.transcribe_batch(audios, language, window=self.engine.caption_policy)
             return self.engine.transcribe_batch(audios, language)
         finally:
             self.metrics.recognition_seconds.labels(part="engine").inc(time.perf_counter() - started)
 
-    async def _group(self, group: list[Entry], language: str | None) -> list[Recognised]:
+    async def _group(self, group: list[Entry], language: str | None, caption: bool = False) -> list[Recognised]:
         audios = [u.audio for _, u in group]
         loop = asyncio.get_running_loop()
         try:
-            results = await loop.run_in_executor(self._executor, self._transcribe, audios, language)
+            results = await loop.run_in_executor(self._executor, self._transcribe, audios, language, caption)
         except Exception:  # noqa: BLE001 - whatever the engine raised, the others still get theirs
             if len(group) == 1:
                 log.exception("recognition of utterance %s failed", group[0][1].utterance_id)
                 return [(group[0], None)]
             log.exception("recognition of a batch of %d failed; retrying its utterances one by one", len(group))
-            return [result for entry in group for result in await self._group([entry], language)]
+            return [result for entry in group for result in await self._group([entry], language, caption)]
         self.metrics.batch_size.observe(len(group))
         return list(zip(group, results))
