@@ -261,3 +261,54 @@ def test_one_slow_client_does_not_hold_up_the_others_acks():
 
     sent, cancelled, took = asyncio.run(body())
     assert sent == ["a", "b", "c"] and cancelled and took < 1.0
+
+
+def test_acks_keep_their_period_while_one_client_is_stuck():
+    """The acks are the pages' heartbeat: a round every ACK_EVERY_S by the clock, whatever one
+    client's send does. A stuck client gets no second ack queued behind its first; the others'
+    acks keep coming at the period (2 s without one and a page reconnects)."""
+    from streamserver.audio.pipeline import StudentAudio
+    from streamserver.bus.memory import MemoryBus
+    from streamserver.bus.ordered import OrderedPublisher
+    from streamserver.classroom import Classroom, Connection
+    from streamserver.config import Settings
+    from streamserver.metrics import Metrics
+    from streamserver.queue.memory_queue import MemoryQueue
+    from streamserver.queue.sink import UtteranceSink
+    from streamserver.transport.recovery import ACK_EVERY_S
+
+    async def body() -> tuple[list[float], int]:
+        bus, metrics = MemoryBus(), Metrics()
+        publisher = OrderedPublisher(bus)
+        sink = UtteranceSink(MemoryQueue(publisher), publisher, metrics, 5.0)
+        classroom = Classroom(Settings(secret="s" * 32, admin_token="a" * 16), bus, sink, publisher, metrics)
+        heard: list[float] = []
+        in_flight = most = 0
+        never = asyncio.Event()
+
+        async def tell_ok(message: dict) -> None:
+            heard.append(time.monotonic())
+
+        async def tell_stuck(message: dict) -> None:
+            nonlocal in_flight, most
+            in_flight += 1
+            most = max(most, in_flight)
+            try:
+                await never.wait()  # a client that stopped reading: its send never ends
+            finally:
+                in_flight -= 1
+
+        for sid, tell in (("ok", tell_ok), ("stuck", tell_stuck)):
+            audio = StudentAudio("r", sid, sid, "en", lambda u: None)
+            audio.keep(False, start=0.0, stream_now=0.0)
+            classroom.connections[("r", sid)] = Connection(lambda _r, _c: None, audio, "127.0.0.1", tell)
+        acks = asyncio.create_task(classroom._acks())
+        await asyncio.sleep(ACK_EVERY_S * 6.5)
+        acks.cancel()
+        await asyncio.gather(acks, return_exceptions=True)
+        return heard, most
+
+    heard, most = asyncio.run(body())
+    gaps = [b - a for a, b in zip(heard, heard[1:])]
+    assert len(heard) >= 5 and max(gaps) < ACK_EVERY_S * 1.5, gaps
+    assert most == 1  # one ack at a time on its way to the stuck client, never one per round queued up
