@@ -263,10 +263,10 @@ def test_one_slow_client_does_not_hold_up_the_others_acks():
     assert sent == ["a", "b", "c"] and cancelled and took < 1.0
 
 
-def test_acks_keep_their_period_while_one_client_is_stuck():
-    """The acks are the pages' heartbeat: a round every ACK_EVERY_S by the clock, whatever one
-    client's send does. A stuck client gets no second ack queued behind its first; the others'
-    acks keep coming at the period (2 s without one and a page reconnects)."""
+def test_acks_come_within_a_second_while_one_client_is_stuck():
+    """The acks are the pages' heartbeat (2 s without one and a page reconnects): with one
+    client stuck, the others' acks still come at most 1 s apart, and the stuck one never has
+    two on their way."""
     from streamserver.audio.pipeline import StudentAudio
     from streamserver.bus.memory import MemoryBus
     from streamserver.bus.ordered import OrderedPublisher
@@ -310,5 +310,5 @@ def test_acks_keep_their_period_while_one_client_is_stuck():
 
     heard, most = asyncio.run(body())
     gaps = [b - a for a, b in zip(heard, heard[1:])]
-    assert len(heard) >= 5 and max(gaps) < ACK_EVERY_S * 1.5, gaps
+    assert len(heard) >= 4 and max(gaps) < 0.9, gaps  # the old rounds (0.5 s waits): 1.0 s and more
     assert most == 1  # one ack at a time on its way to the stuck client, never one per round queued up
