@@ -150,23 +150,11 @@ class Classroom:
             await asyncio.sleep(1.0)
 
     async def _acks(self) -> None:
-        """Tell every client that keeps its audio how far it is safe (transport/recovery.py).
-        The acks are the pages' heartbeat (2 s without one and a page reconnects), so a round
-        gives its sends a quarter of a second at most and the queue half a second: a round then
-        starts at most 1.25 s after the last (plus the loop's own lag). With half a second for
-        the sends too, a busy gateway's rounds came near 2 s and all its students reconnected
-        at once (the H200 host at 4,000 students on 16 gateways: waves of 250-500 reconnects,
-        and copies of their speech). A round does wait for its sends: acks at a fixed rate
-        whatever the loop's load added sends to loops that were full already (the same host on
-        12 gateways: every dashboard later, p99 4.6 s). The queue keeps its half second: cut at
-        a quarter, the calls to an unreachable queue during an uplink outage were cancelled
-        twice as often and the gateway's own fallback transcripts came later (tests/test_outage.py:
-        p50 3.25-3.77 s against 1.86-2.75 s)."""
-        limit_s = recovery.ACK_EVERY_S / 2  # for the sends
+        """Tell every client that keeps its audio how far it is safe (transport/recovery.py)."""
         while True:
             await asyncio.sleep(recovery.ACK_EVERY_S)
             kept = [c for c in self.connections.values() if c.tell is not None and c.audio.kept]
-            try:  # a slow queue holds back the acks' progress, never the acks
+            try:  # a slow queue holds back the acks' progress, never the acks: they are the pages' heartbeat
                 done = await asyncio.wait_for(self.sink.settled([uid for c in kept for uid in c.audio.unsettled()]),
                                               recovery.ACK_EVERY_S)
             except Exception as error:  # noqa: BLE001 - the queue is away or slow: acks stand still, pages keep their audio
@@ -180,7 +168,7 @@ class Classroom:
                 c.audio.settle(done)
                 ack = c.audio.ack()
                 sends.append(asyncio.ensure_future(c.tell({"type": "ack", "t": None if ack is None else round(ack, 4), "ts": ts})))
-            await _sent_together(sends, limit_s)
+            await _sent_together(sends, recovery.ACK_EVERY_S)
 
     async def _watch_rooms(self) -> None:
         """Rooms in use here keep their record alive and end here when another process closed
