@@ -227,7 +227,7 @@ def main() -> int:
             print(f"killed worker-0 at {killed['at_s']}s", file=sys.stderr, flush=True)
             if args.restart_after is not None:
                 time.sleep(args.restart_after)
-                start_worker("worker-0-restarted")
+                cpu.add("worker-0-restarted", start_worker("worker-0-restarted")[0].pid)
                 killed["replacement_started_at_s"] = round(time.time() - started, 1)
         rc = sim.wait()
         cpu.stop()
