@@ -126,7 +126,7 @@ class Engine(ABC):
         frames = [window.frames(a.size) for a in audios]
         results = self._run(audios, frames, language, prompt)
         # A loop at a short window gets one more try with the full 30 s that Whisper was trained on.
-        retry = [i for i, r in enumerate(results) if fallback and _looks_looped(r) and frames[i] < N_FRAMES]
+        retry = [i for i, r in enumerate(results) if fallback and looks_looped(r) and frames[i] < N_FRAMES]
         if retry:
             again = self._run([audios[i] for i in retry], [N_FRAMES] * len(retry), language, prompt)
             for i, r in zip(retry, again):
@@ -213,7 +213,7 @@ class StepEngine(Engine):
         return [r for r in results if r is not None]
 
 
-def _looks_looped(result: Transcript) -> bool:
+def looks_looped(result: Transcript) -> bool:
     """A rejected repetition, or text that is one phrase said twice or more ("yes yes", "wait can
     you repeat the question wait can you repeat the question"): the signature of a short encoder
     window whose decoder did not see where the audio ends."""

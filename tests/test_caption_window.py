@@ -52,3 +52,35 @@ def test_partials_go_apart_at_the_caption_window_and_stay_close_to_the_final(tin
     texts = {e[1].kind: ev.text for e, ev in results}
     assert wer([reference], [texts["partial"]]) <= wer([reference], [texts["speculative"]]) + 0.2
     assert texts["speculative"] and texts["partial"]
+
+
+class LoopingCaptions:
+    """An engine whose captions come back as one phrase said twice: what tiny.en gives for the
+    first 3 s of "Could you explain the second step of the proof again?" at min10s-zero."""
+
+    batch_rows_cheap = False
+    caption_policy = POLICIES["min10s-zero"]
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str | None, bool]] = []
+
+    def transcribe_batch(self, audios, language=None, prompt=None, fallback=True, window=None):  # noqa: ANN001, ANN201
+        from engines.engine import Transcript
+
+        self.calls.append((window.name if window else None, fallback))
+        text = "Could you explain the second step? Could you explain the second step?" if window else "Could you explain?"
+        return [Transcript(text, "en", 0.0, -0.2, 1.5, 1000) for _ in audios]
+
+
+def test_a_looping_caption_costs_one_run_and_shows_nothing():
+    engine = LoopingCaptions()
+    recogniser = BatchRecogniser(engine, None, Metrics())
+    audio = np.zeros(16000 * 3, np.float32)
+    batch = [(f"{n}-0", Utterance(f"u{n}", "r", f"s{n}", "Ann", "en", audio, now() - 3, now(), kind=kind))
+             for n, kind in ((1, "partial"), (2, "final"))]
+    results = asyncio.run(recogniser.run(batch))
+    recogniser.close()
+    assert ("min10s-zero", False) in engine.calls  # no 30 s re-run for a caption
+    assert (None, True) in engine.calls  # a final keeps its fallback
+    texts = {e[1].kind: ev.text for e, ev in results}
+    assert texts == {"partial": "", "final": "Could you explain?"}

@@ -77,17 +77,17 @@ def test_traditional_characters_become_simplified(base_engine):
 
 
 def test_a_phrase_said_twice_counts_as_looped():
-    from engines.engine import Transcript, _looks_looped
+    from engines.engine import Transcript, looks_looped
 
     def t(text: str, rejected: str | None = None) -> Transcript:
         return Transcript(text, "en", 0.0, 0.0, 1.0, 1000, rejected)
 
-    assert _looks_looped(t("Yes, yes."))
-    assert _looks_looped(t("wait can you repeat the question wait can you repeat the question"))
-    assert _looks_looped(t("", "repetition"))
-    assert not _looks_looped(t("yes yes I know"))
-    assert not _looks_looped(t("Could you explain the second step again?"))
-    assert not _looks_looped(t(""))
+    assert looks_looped(t("Yes, yes."))
+    assert looks_looped(t("wait can you repeat the question wait can you repeat the question"))
+    assert looks_looped(t("", "repetition"))
+    assert not looks_looped(t("yes yes I know"))
+    assert not looks_looped(t("Could you explain the second step again?"))
+    assert not looks_looped(t(""))
 
 
 def test_encoder_window_policies():

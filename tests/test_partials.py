@@ -85,7 +85,7 @@ def test_a_speculation_on_a_pause_that_was_not_the_end_differs_from_the_final(li
 
 
 def test_no_speculation_when_the_post_roll_fills_the_hangover(librivox):
-    finals, hints = segment(np.concatenate([PAUSE, librivox[0][1], PAUSE]), SegmenterConfig.with_hangover(250))
+    finals, hints = segment(np.concatenate([PAUSE, librivox[0][1], PAUSE]), SegmenterConfig(hangover_ms=250, post_roll_ms=250))
     assert len(finals) == 1 and hints == []
 
 

@@ -76,7 +76,7 @@ def test_gateway_hangover_reaches_the_segmenter(monkeypatch, speech):
     short = _app(monkeypatch, [*base, "--vad-hangover-ms", "300"])
     assert default[CLASSROOM].segmenter_config.hangover_ms == 500
     config = short[CLASSROOM].segmenter_config
-    assert (config.hangover_ms, config.post_roll_ms) == (300, 300)
+    assert (config.hangover_ms, config.post_roll_ms) == (300, 200)
     # 30 ms VAD frames: 17 frames (510 ms) end an utterance by default, 10 (300 ms) with 300.
     waited_default, waited_short = _silence_until_emitted(default, speech), _silence_until_emitted(short, speech)
     assert 180 <= waited_default - waited_short <= 240, (waited_default, waited_short)
@@ -89,7 +89,7 @@ def test_serve_hangover_reaches_the_segmenter(monkeypatch):
     monkeypatch.setattr(cli, "_warm_engine_and_intent", lambda *a: (Engine(), None))
     app = _app(monkeypatch, ["serve", "--vad-hangover-ms", "250"])
     config = app[CLASSROOM].segmenter_config
-    assert (config.hangover_ms, config.post_roll_ms) == (250, 250)  # the post-roll fits in the hangover
+    assert (config.hangover_ms, config.post_roll_ms) == (250, 200)
 
 
 @pytest.mark.parametrize("value", ["100", "249", "2001", "0.5", "x"])

@@ -11,11 +11,12 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from engines.engine import Engine, Transcript
+from engines.engine import Engine, Transcript, looks_looped
 from streamserver.events import NoSpeechEvent, TranscriptEvent, Utterance
 from streamserver.intent import IntentClassifier
 from streamserver.metrics import Metrics
@@ -87,7 +88,12 @@ class BatchRecogniser:
         started = time.perf_counter()
         try:
             if caption:
-                return self.engine.transcribe_batch(audios, language, window=self.engine.caption_policy)
+                # A caption is never worth a second engine run: one that loops at the short window
+                # (tiny.en on "Could you explain the second step of the proof again?" at 3 s) would
+                # be re-run at 30 s, 3-5x the caption's cost, while finals wait behind it. It is
+                # shown as nothing instead; the caption before it stays and the final follows.
+                results = self.engine.transcribe_batch(audios, language, fallback=False, window=self.engine.caption_policy)
+                return [replace(r, text="", rejected=r.rejected or "repetition") if looks_looped(r) else r for r in results]
             return self.engine.transcribe_batch(audios, language)
         finally:
             self.metrics.recognition_seconds.labels(part="engine").inc(time.perf_counter() - started)
