@@ -7,6 +7,8 @@ zeros, or white noise at about -50 dBFS) and its utterances are recognised with 
 
     .venv/bin/python -m benchmarks.post_roll --out benchmarks/results/post-roll.json \
         ../shared/data/en_dev /tmp/en_synth
+
+(/tmp/en_synth: `.venv/bin/python -m benchmarks.make_synthetic_clips /tmp/en_synth`, Debian flite.)
 """
 
 from __future__ import annotations
