@@ -11,8 +11,8 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 
