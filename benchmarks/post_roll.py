@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.compare_faster_whisper import load_clips  # noqa: E402
 from benchmarks.scoring import wer  # noqa: E402
 from engines.loading import load_engine  # noqa: E402
 from streamserver.audio.segmenter import SegmenterConfig, UtteranceSegmenter  # noqa: E402
@@ -31,18 +31,9 @@ from streamserver.audio.segmenter import SegmenterConfig, UtteranceSegmenter  # 
 NOISE_RMS = 100  # int16: about -50 dBFS, a quiet room through a laptop microphone
 
 
-def read_clips(folders: list[Path]) -> list[tuple[str, np.ndarray, str]]:
-    clips = []
-    for folder in folders:
-        for path in sorted(folder.glob("*.wav")):
-            with wave.open(str(path)) as w:
-                audio = np.frombuffer(w.readframes(w.getnframes()), "<i2")
-            clips.append((path.name, audio, path.with_suffix(".txt").read_text().strip()))
-    return clips
-
-
 def segmented(audio: np.ndarray, post_roll_ms: int, noise: np.random.Generator | None) -> list[np.ndarray]:
-    stream = np.concatenate([np.zeros(16000, np.int16), audio, np.zeros(32000, np.int16)])
+    pcm = np.clip(np.round(audio * 32768), -32768, 32767).astype(np.int16)  # load_audio's float, back to the file's samples
+    stream = np.concatenate([np.zeros(16000, np.int16), pcm, np.zeros(32000, np.int16)])
     if noise is not None:
         stream = np.clip(stream + noise.normal(0, NOISE_RMS, stream.size), -32768, 32767).astype(np.int16)
     found = []
@@ -59,7 +50,7 @@ def main() -> int:
     p.add_argument("--post-rolls", default="300,200,150", help="milliseconds, comma-separated")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
-    clips = read_clips(args.folders)
+    clips = [clip for folder in args.folders for clip in load_clips(folder)]
     engine = load_engine("tiny.en", threads=2)
     rolls = [int(ms) for ms in args.post_rolls.split(",")]
     results: dict[str, dict] = {}
@@ -67,11 +58,11 @@ def main() -> int:
         for ms in rolls:
             rng = np.random.default_rng(0) if background == "noise" else None
             hyps = []
-            for _, audio, _ in clips:
-                pieces = segmented(audio, ms, rng)
+            for clip in clips:
+                pieces = segmented(clip.audio, ms, rng)
                 hyps.append(" ".join(r.text for r in engine.transcribe_batch(pieces)) if pieces else "")
-            score = wer([ref for _, _, ref in clips], hyps)
-            results[f"{background}/{ms}"] = {"wer": round(score, 4), "transcripts": dict(zip([c[0] for c in clips], hyps))}
+            score = wer([clip.reference for clip in clips], hyps)
+            results[f"{background}/{ms}"] = {"wer": round(score, 4), "transcripts": dict(zip([c.name + ".wav" for c in clips], hyps))}
             print(f"{background:5} post-roll {ms:3} ms: WER {score:.2%} ({len(clips)} clips)", flush=True)
     args.out.write_text(json.dumps({"clips": len(clips), "model": "tiny.en", "results": results}, indent=1) + "\n")
     return 0
