@@ -304,6 +304,7 @@ def _run_server(app, settings, args: argparse.Namespace, classroom, tls=None) ->
     from aiohttp import web
 
     from streamserver.api.app import metrics_app
+    from streamserver.heap import freeze_startup_heap
     from streamserver.transport.udp import use_draining_loop
 
     if args.metrics_port is not None:
@@ -315,6 +316,10 @@ def _run_server(app, settings, args: argparse.Namespace, classroom, tls=None) ->
             await runner.cleanup()
 
         app.cleanup_ctx.append(metrics_site)
+    async def settle_heap(app: web.Application) -> None:  # the last start-up step: what it made stays
+        freeze_startup_heap()
+
+    app.on_startup.append(settle_heap)
     use_draining_loop()  # UDP sockets read until empty each turn: a late turn is made up (transport/udp.py)
     web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None,
                 keepalive_timeout=args.header_timeout, ssl_context=tls.context() if tls else None)

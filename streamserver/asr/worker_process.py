@@ -12,6 +12,7 @@ from engines.engine import Engine
 from streamserver.asr.worker import AsrWorker, worker_name
 from streamserver.intent import IntentClassifier
 from streamserver.bus.connect import redacted
+from streamserver.heap import freeze_startup_heap
 from streamserver.metrics import CONTENT_TYPE
 from streamserver.queue.redis_queue import RedisQueue
 
@@ -50,6 +51,7 @@ async def run_worker(
         await web.TCPSite(runner, metrics_host, metrics_port).start()
     log.info("worker %s taking jobs from %s (metrics on %s)", queue.worker, redacted(redis_url),
              f"http://{metrics_host}:{metrics_port}/metrics" if metrics_port is not None else "no port")
+    freeze_startup_heap()  # the engine and the clients are made: full collections walk only what comes later
     try:
         await worker.run()
     finally:

@@ -12,6 +12,7 @@ import asyncio
 import json
 import sys
 
+from streamserver.heap import freeze_startup_heap
 from streamserver.loadsim.measure import Tally
 from streamserver.loadsim.students import StudentPlan, StudentPool
 from streamserver.transport.udp import DrainingEventLoop
@@ -22,6 +23,7 @@ REPORT_EVERY_S = 0.5
 async def main() -> None:
     spec = json.loads(sys.stdin.read())
     tally = Tally()
+    freeze_startup_heap()  # a full collection would stall every student's frames (streamserver/heap.py)
     students = asyncio.create_task(StudentPool(StudentPlan(**spec["plan"]), tally).run(spec["indices"]))
     while not students.done():
         print(json.dumps(tally.snapshot()), flush=True)  # tens of KB at most: the parent reads it at once

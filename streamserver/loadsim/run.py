@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 import aiohttp
 
+from streamserver.heap import freeze_startup_heap
 from streamserver.loadsim import report
 from streamserver.loadsim.clients import Dashboard, create_room, next_url
 from streamserver.loadsim.measure import Tally
@@ -82,6 +83,7 @@ class Run:
             feeds_open = [asyncio.Event() for _ in rooms]
             feeds = [asyncio.create_task(self._feed(session, room, opened)) for room, opened in zip(rooms, feeds_open)]
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in feeds_open)), 30)
+            freeze_startup_heap()  # the rooms and dashboards are set up (streamserver/heap.py)
             self.tally.t0 = time.time()
             sampler = asyncio.create_task(self._sample(session))
             webrtc = [c.transport == "webrtc" or i < c.webrtc_students for i in range(c.students)]
