@@ -104,6 +104,33 @@ def _profile(targets: list[tuple[str, int]], logs: Path, duration_s: float) -> l
             for name, pid in targets]
 
 
+REDIS_LATENCY_MS = 20  # Redis's own latency monitor notes every event (fork, AOF write, command) this slow
+
+
+def _redis_call(url: str, *command: str):  # noqa: ANN202 - a Redis reply
+    import redis
+
+    client = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10)
+    try:
+        return client.execute_command(*command)
+    finally:
+        client.close()
+
+
+def _redis_stalls(url: str) -> dict:
+    """What stopped Redis for REDIS_LATENCY_MS or more during the run (LATENCY LATEST: event ->
+    how often the latest and the worst took), and its append-only file's rewrites and late fsyncs."""
+    try:
+        latest = _redis_call(url, "LATENCY", "LATEST")
+        info = _redis_call(url, "INFO", "persistence") | _redis_call(url, "INFO", "stats")
+    except Exception as error:  # noqa: BLE001 - a diagnosis: its absence must not fail the run
+        return {"error": str(error)}
+    keys = ("aof_enabled", "aof_current_size", "aof_base_size", "aof_delayed_fsync", "aof_last_rewrite_time_sec",
+            "total_forks", "latest_fork_usec")
+    return {"latency_latest": {e[0]: {"latest_ms": e[2], "max_ms": e[3]} for e in latest},
+            **{k: info.get(k) for k in keys}}
+
+
 def _log_tails(logs: Path, lines: int = 15) -> None:
     """The end of every process log on stderr: what a failed run needs first."""
     for log in sorted(logs.glob("*.log")):
@@ -141,6 +168,8 @@ def main() -> int:
                    "their audio, reconnect through the next gateway and send again what was not acknowledged")
     p.add_argument("--no-keep-audio", action="store_true",
                    help="the simulated students keep nothing (loadsim --no-keep-audio): what a break costs without it")
+    p.add_argument("--no-aof", action="store_true",
+                   help="Redis without its append-only file (a diagnosis: what the AOF costs; deployments keep it)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     if args.kill_gateway_at is not None and args.gateways < 2:
@@ -155,7 +184,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     logs = args.logs or args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    redis = RedisServer(persist_dir=Path(tempfile.mkdtemp(prefix="scaleout-redis-"))).start()
+    redis = RedisServer(persist_dir=None if args.no_aof else Path(tempfile.mkdtemp(prefix="scaleout-redis-"))).start()
+    _redis_call(redis.url, "CONFIG", "SET", "latency-monitor-threshold", str(REDIS_LATENCY_MS))
     procs: list[subprocess.Popen] = []
     started_at = time.monotonic()
     failed = True
@@ -247,6 +277,7 @@ def main() -> int:
         }
         report["cpu"] = cpu.summary()
         report["hint_counters"] = counters  # live captions and speculative finals, as the processes count them
+        report["redis"] = _redis_stalls(redis.url)
         report_path.write_text(json.dumps(report, indent=1))
         lat = report.get("latency_s", {})
         print(f"sent {report.get('utterances_sent')} received {report.get('transcripts_received')} "

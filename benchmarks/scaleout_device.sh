@@ -20,6 +20,7 @@
 #   engine compiles for 1-2 minutes)  NAME=scaleout-h200  OUT (the device tool sets it)
 #   PYTHON=python3  STAGE=/root/stage6  SITE=/tmp/site6  INSTALL=auto|yes|no
 #   PROFILE=1: py-spy samples gateway-0 and worker-0 for the middle third (their stacks in the logs)
+#   NO_AOF=1: Redis without its append-only file (a diagnosis of what the AOF costs)
 # A tiny form runs on the 2-core dev machine (INSTALL=no: its .venv has everything):
 #   OUT=/tmp/tiny INSTALL=no PYTHON=.venv/bin/python STUDENTS=40 DURATION=20 ROOMS=4 GATEWAYS=2 PROCESSES=2 \
 #       BACKEND=onnxruntime THREADS=2 MAX_BATCH=16 bash benchmarks/scaleout_device.sh
@@ -120,7 +121,7 @@ fi
     --speak-ratio "$SPEAK_RATIO" --gateways "$GATEWAYS" --loadsim-processes "$PROCESSES" --transport "$TRANSPORT" \
     --workers "$WORKERS" --threads "$THREADS" --max-batch "$MAX_BATCH" --model "$MODEL" --backend "$BACKEND" \
     --worker-args="$WORKER_ARGS" --vad-hangover-ms "$HANGOVER_MS" --ready-timeout "$READY_TIMEOUT" \
-    --logs "$LOGS" --out "$OUT/$NAME"
+    ${NO_AOF:+--no-aof} --logs "$LOGS" --out "$OUT/$NAME"
 rc=$?
 # the clips' texts and transcripts travel in the logs' archive: the device tool returns 8 files
 [ -f "$OUT/$NAME/transcripts.json" ] && mv "$OUT/$NAME/transcripts.json" "$LOGS/"

@@ -36,7 +36,7 @@ import os
 import secrets
 import socket
 import time
-from collections import deque
+from collections import Counter, deque
 
 from engines.engine import Engine
 from streamserver.asr.batch import BatchRecogniser
@@ -49,6 +49,7 @@ from streamserver.queue.fair import fair_batch
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 0.25  # also how often dead workers' jobs are looked for
 BATCH_BUDGET_S = 1.0
+SLOW_BATCH_S = 0.25  # a GPU batch that takes longer is logged with what it held: finals wait behind it
 HINT_BUDGET_S = 0.1  # a batch of hints holds the engine about this long: a final arriving waits that
 HINT_POLL_MS = 20  # with hints wanted, how long a read waits for a final before looking at them
 DEFERRED_POLL_MS = 10  # with finals waiting for another worker's speculation, how often they are looked at
@@ -255,7 +256,7 @@ class AsrWorker:
         # first, and the rate counting finals only, measured once on the H200: 113 finals taken
         # from their speculation at the hangover's end against 3,123, p99 2.23 s against 0.90 s.)
         results = await self.recogniser.run(batch + riders)
-        self._worked(started, len(batch) + len(riders))
+        self._worked(started, batch + riders)
         await self._keep_speculations([r for r in results if r[0][1].kind == "speculative"])
         await self._publish_partials([r for r in results if r[0][1].kind == "partial"])
         for (entry_id, u), event in results:
@@ -313,11 +314,17 @@ class AsrWorker:
             return
         self.metrics.speculations.labels(outcome="recognised").inc(len(done))
 
-    def _worked(self, started: float, n: int, essential: bool = True) -> None:
+    def _worked(self, started: float, entries: list[Entry], essential: bool = True) -> None:
         seconds = time.perf_counter() - started
-        self._rate = 0.8 * self._rate + 0.2 * (n / max(seconds, 1e-3))
+        self._rate = 0.8 * self._rate + 0.2 * (len(entries) / max(seconds, 1e-3))
         end = time.monotonic()
         self._busy.append((end - seconds, end, essential))
+        if seconds > SLOW_BATCH_S:  # on a CPU every utterance costs about that: said at debug level there
+            kinds = Counter(u.kind for _, u in entries)
+            log.log(logging.INFO if self.engine.batch_rows_cheap else logging.DEBUG,
+                    "slow batch: %d finals, %d speculations, %d partials took %.2f s (the oldest ended %.2f s ago)",
+                    kinds["final"], kinds["speculative"], kinds["partial"], seconds,
+                    time.time() - min(u.end_of_speech_ts for _, u in entries))
 
     async def _from_speculations(self, batch: list[Entry]) -> tuple[list[Entry], list[Entry]]:
         """Finals whose speculative result is ready are published from it; returned: the rest
@@ -356,13 +363,13 @@ class AsrWorker:
         if speculative:
             started = time.perf_counter()
             results = await self.recogniser.run(speculative)
-            self._worked(started, len(speculative))
+            self._worked(started, speculative)
             await self._keep_speculations(results)
         partial = [("", u) for u in hints if u.kind == "partial"]
         if partial:
             started = time.perf_counter()
             results = await self.recogniser.run(partial)
-            self._worked(started, len(partial), essential=False)
+            self._worked(started, partial, essential=False)
             await self._publish_partials(results)
 
     async def _publish_partials(self, results: list[tuple[Entry, TranscriptEvent | None]]) -> None:
