@@ -8,12 +8,15 @@ import asyncio
 import json
 import time
 import uuid
+from dataclasses import replace
 
 import numpy as np
+import redis
 
 from streamserver.asr.worker import AsrWorker
 from streamserver.audio.pipeline import StudentAudio
 from streamserver.audio.segmenter import SegmentedSpeech, SegmenterConfig, UtteranceSegmenter
+from streamserver.bus.keys import hint_audio_key
 from streamserver.bus.memory import MemoryBus
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.bus.redis import RedisBus
@@ -144,6 +147,40 @@ def test_redis_queue_hint_rules(redis_url):
         finally:
             await queue.close()
             await bus.close()
+
+    run(body())
+
+
+def test_redis_hints_send_each_sample_of_their_utterance_once(redis_url, librivox):
+    """Hints of one utterance hold the speech so far: a hint's audio goes to Redis as the part
+    that the last one did not hold, each worker still gets the whole of it, and audio that
+    expired in Redis is sent whole again; the final deletes it."""
+    clip = long_clip(librivox)
+    _, hints = segment(np.concatenate([PAUSE, clip, PAUSE]), SegmenterConfig(partial_interval_ms=1000))
+    hints = [Utterance(PREFIX + "delta", "hints", "s-delta", "Ann", "en", h.audio, h.start_ts, h.end_of_speech_ts,
+                       kind=h.kind, revision=h.revision, digest=audio_digest(h.audio) if h.kind == "speculative" else "")
+             for h in hints]
+    assert len(hints) >= 4
+
+    async def body() -> None:
+        queue = RedisQueue(redis_url, "w-delta")
+        raw = redis.Redis.from_url(redis_url)
+        key = hint_audio_key(PREFIX + "delta")
+        try:
+            for i, h in enumerate(hints):
+                if i == 2:  # as if it expired: the next hint finds less than it expects and sends all
+                    raw.delete(key)
+                await queue.offer(h)
+                assert raw.strlen(key) == 2 * h.audio.size  # no sample twice, none missing
+                (taken,) = await queue.take_hints(10)
+                assert (taken.revision, taken.kind) == (h.revision, h.kind)
+                # PCM16 both ways: within one step of 16 bits of the segmenter's audio
+                assert taken.audio.size == h.audio.size and np.abs(taken.audio - h.audio).max() <= 2 / 32768
+            await queue.submit(replace(hints[-1], kind="final"))
+            assert not raw.exists(key)
+        finally:
+            raw.close()
+            await queue.close()
 
     run(body())
 

@@ -19,7 +19,10 @@ Recognition jobs
   asr:backlog             hash of jobs not yet published: r:<room> and s:<room>:<student> -> count
                           (the queue's per-room and per-student bounds)
 Hints (best effort, lost with Redis: nothing of them is durable)
-  asr:hints               hash utterance -> its newest hint (queue/jobs.py pack_hint)
+  asr:hints               hash utterance -> its newest hint, without its audio (queue/jobs.py
+                          pack_hint_head)
+  asr:hintpcm:<utterance> the utterance's audio so far (PCM16) for its hints: each hint appends
+                          only what the last one did not hold (queue/redis_queue.py)
   asr:hint_order          sorted set utterance -> when offered (epoch s; speculative ones minus
                           SPECULATIVE_FIRST, so that they come first)
   asr:spec:<utterance>    a speculative result waiting for its final (queue/base.py Speculation)
@@ -36,6 +39,10 @@ BACKLOG = "asr:backlog"
 HINTS = "asr:hints"
 HINT_ORDER = "asr:hint_order"
 SPECULATIVE_FIRST = 1e10  # seconds: subtracted from a speculative hint's score
+
+
+def hint_audio_key(utterance_id: str) -> str:
+    return f"asr:hintpcm:{utterance_id}"
 
 
 def speculation_key(utterance_id: str) -> str:

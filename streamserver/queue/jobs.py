@@ -16,7 +16,7 @@ class JobError(ValueError):
     """A stream entry that is not a job this version can read."""
 
 
-def _pcm16(audio: np.ndarray) -> bytes:
+def pcm16(audio: np.ndarray) -> bytes:
     return (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
 
 
@@ -25,7 +25,7 @@ def _float_audio(pcm: bytes) -> np.ndarray:
 
 
 def encode_job(u: Utterance) -> dict[str, bytes | str]:
-    pcm = _pcm16(u.audio)
+    pcm = pcm16(u.audio)
     fields: dict[str, bytes | str] = {name: getattr(u, name) for name in _TEXT_FIELDS}
     fields.update(start_ts=repr(u.start_ts), end_of_speech_ts=repr(u.end_of_speech_ts), cut="1" if u.cut else "0", audio=pcm)
     if u.digest:
@@ -63,17 +63,26 @@ def _span(value: bytes | None) -> tuple[float, float] | None:
     return float(start), float(end)
 
 
-def pack_hint(u: Utterance) -> bytes:
-    """A hint (a partial or speculative Utterance) as one value: a JSON header, NUL, PCM16."""
+def pack_hint_head(u: Utterance) -> bytes:
+    """A hint (a partial or speculative Utterance) without its audio: its sample count, ':',
+    then its fields as JSON. The audio travels apart (a hint's is a prefix of the next one's)."""
     head = {name: getattr(u, name) for name in _TEXT_FIELDS}
     head.update(start_ts=u.start_ts, end_of_speech_ts=u.end_of_speech_ts, kind=u.kind, revision=u.revision, digest=u.digest)
-    return json.dumps(head).encode() + b"\0" + _pcm16(u.audio)
+    return f"{u.audio.size}:".encode() + json.dumps(head).encode()
 
 
-def unpack_hint(value: bytes) -> Utterance:
+def unpack_hint(head: bytes, pcm: bytes) -> Utterance:
+    """A hint from its head (pack_hint_head) and the PCM16 of its utterance from the start: at
+    least its sample count (JobError for less: the audio expired)."""
+    samples, _, fields = head.partition(b":")
     try:
-        head, _, pcm = value.partition(b"\0")
-        fields = json.loads(head)
-        return Utterance(audio=_float_audio(pcm), **fields)
-    except (ValueError, TypeError) as error:
+        n = int(samples)
+        hint = json.loads(fields)
+    except ValueError as error:
+        raise JobError(f"not a hint: {error!r}") from error
+    if len(pcm) < 2 * n:
+        raise JobError(f"the hint's audio holds {len(pcm) // 2} of its {n} samples (expired?)")
+    try:
+        return Utterance(audio=_float_audio(pcm[: 2 * n]), **hint)
+    except TypeError as error:
         raise JobError(f"not a hint: {error!r}") from error

@@ -21,15 +21,15 @@ from redis.exceptions import ResponseError
 from streamserver.bus.connect import redis_client
 from streamserver.bus.keys import (
     BACKLOG, HINT_ORDER, HINTS, HISTORY_FIELD, JOB_GROUP, JOBS, SPECULATIVE_FIRST, TRANSCRIPT_RETENTION_S, WORKERS, alive_key,
-    attempts_key, backlog_fields, done_key, history_key, is_final_transcript, room_channel, speculation_key, spoken_key,
-    transcript_key,
+    attempts_key, backlog_fields, done_key, hint_audio_key, history_key, is_final_transcript, room_channel, speculation_key,
+    spoken_key, transcript_key,
 )
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
 from streamserver.queue.base import (
     HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, SPOKEN_KEPT_S, SPOKEN_OVERLAP, Bounds, Entry, QueueFull,
     Speculation, span_args, spoken_of, wanted_hints,
 )
-from streamserver.queue.jobs import JobError, decode_job, encode_job, pack_hint, unpack_hint
+from streamserver.queue.jobs import JobError, decode_job, encode_job, pack_hint_head, pcm16, unpack_hint
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +41,19 @@ ALIVE_TTL_S = 1.0
 DONE_TTL_S = 24 * 3600
 # Two workers claiming at once: the second finds the jobs just claimed (idle since then < this).
 CLAIM_MIN_IDLE_MS = 150
-WORKER_CLIENT_PREFIX = "asr-worker:"  # the CLIENT SETNAME of every connection of a worker
+WORKER_CLIENT_PREFIX = "asr-worker:"
+# An utterance's hint audio outlives its last hint this long (a final or a claim deletes it at
+# once): hints come every second of speech at most, so it expires only in a long pause, and the
+# next hint then sends the audio whole again.
+HINT_AUDIO_TTL_S = 10
+HINT_AUDIO_REMEMBERED = 20_000  # utterances whose hint audio this gateway remembers sending  # the CLIENT SETNAME of every connection of a worker
 FORGET_IDLE_MS = 10 * 60 * 1000  # a consumer with nothing pending, silent this long, is removed
 
 # Queue a job unless its student, its room or the whole queue is at its bound (the backlog
-# counts are kept with the stream, atomically); the utterance's hint goes (the final makes it
-# pointless). KEYS: stream, backlog, hints, hint order; ARGV: room field, student field, total,
-# per room, per student, utterance id, then the job's field/value pairs. The entry id, or the
-# name of the bound reached.
+# counts are kept with the stream, atomically); the utterance's hint and its audio go (the final
+# makes them pointless). KEYS: stream, backlog, hints, hint order, hint audio; ARGV: room field,
+# student field, total, per room, per student, utterance id, then the job's field/value pairs.
+# The entry id, or the name of the bound reached.
 _SUBMIT = """
 if tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0') >= tonumber(ARGV[5]) then return 'student' end
 if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') >= tonumber(ARGV[4]) then return 'room' end
@@ -57,24 +62,37 @@ redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
 redis.call('HDEL', KEYS[3], ARGV[6])
 redis.call('ZREM', KEYS[4], ARGV[6])
+redis.call('DEL', KEYS[5])
 return {redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))}
 """
 
 # Keep an utterance's newest hint, unless it is published already or HINTS_MAX wait. A partial
 # that replaces a partial keeps its place in line (students are served in turn); a speculative
-# hint goes to the front. KEYS: hints, hint order, done; ARGV: utterance id, packed hint, score,
-# speculative (1/0), HINTS_MAX.
+# hint goes to the front. Its audio is not in the hint: an utterance's hints hold the speech so
+# far, each a prefix of the next, so the hint audio key gets only what it does not hold yet
+# (whatever order two offers come in), and each sample goes through Redis, and its append-only
+# file, once. Whole, the hints of a 5 s utterance sent ~17 s of audio, and 4,000 students' hints
+# ~40 MB/s, which took the H200 host's finals over 0.6 s (README, "Scaling out"). KEYS: hints,
+# hint order, done, hint audio; ARGV: utterance id, hint head, score, speculative (1/0),
+# HINTS_MAX, byte offset of the audio piece, the piece, audio TTL (s). 1: offered; 2: the queue
+# of hints is full (the piece kept); 0: published already; -1: the key holds less than the
+# piece's offset (it expired): send the audio from 0.
 _OFFER = """
 if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+local have, offset, piece = redis.call('STRLEN', KEYS[4]), tonumber(ARGV[6]), ARGV[7]
+if have < offset then return -1 end
+if have - offset < #piece then redis.call('APPEND', KEYS[4], string.sub(piece, have - offset + 1)) end
+redis.call('EXPIRE', KEYS[4], ARGV[8])
 local old = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not old and redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[5]) then return 0 end
+if not old and redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[5]) then return 2 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 if ARGV[4] == '1' or not old or tonumber(old) < 0 then redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1]) end
 return 1
 """
 
 # Take up to ARGV[1] hints, front first: all kinds (ARGV[2] == '1') or speculative ones only
-# (negative scores); skip those whose utterance is published (done key = ARGV[3] .. id).
+# (negative scores); skip those whose utterance is published (done key = ARGV[3] .. id). Each
+# comes with its utterance's audio so far (hint audio key = ARGV[4] .. id): head, audio, head, ...
 # KEYS: hints, hint order.
 _TAKE_HINTS = """
 local ids = {}
@@ -89,7 +107,10 @@ local out = {}
 for _, id in ipairs(ids) do
   local hint = redis.call('HGET', KEYS[1], id)
   redis.call('HDEL', KEYS[1], id)
-  if hint and redis.call('EXISTS', ARGV[3] .. id) == 0 then out[#out + 1] = hint end
+  if hint and redis.call('EXISTS', ARGV[3] .. id) == 0 then
+    out[#out + 1] = hint
+    out[#out + 1] = redis.call('GET', ARGV[4] .. id) or ''
+  end
 end
 return out
 """
@@ -149,11 +170,12 @@ end
 # The worker's completion: publish once, acknowledge and delete the job, and count it out of the
 # backlog (once: only the delivery that deletes it): atomically, so that no crash can publish
 # twice or acknowledge without publishing. KEYS: done, history, jobs, backlog, class transcript,
-# spoken; ARGV: channel, event, history length, group, entry id, done TTL, history field, the two
+# spoken, hint audio (no more hints); ARGV: channel, event, history length, group, entry id, done TTL, history field, the two
 # backlog fields, is a final, retention, span start, span end, recovered.
 _COMPLETE = _PUBLISH_ONCE + """
 local fresh = publish_once(KEYS[1], KEYS[2], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[6], ARGV[7], ARGV[10], ARGV[11],
                            KEYS[6], ARGV[12], ARGV[13], ARGV[14])
+redis.call('DEL', KEYS[7])
 redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
 if redis.call('XDEL', KEYS[3], ARGV[5]) == 1 then
   for i = 8, 9 do
@@ -165,10 +187,11 @@ if fresh then return 1 else return 0 end
 
 # A result made outside the workers (an on-prem gateway's local fallback): published only if no
 # worker published this utterance first; its job, if queued, is then acknowledged by whichever
-# worker reads it (the done key). KEYS: done, history, class transcript, spoken; ARGV: channel,
+# worker reads it (the done key). KEYS: done, history, class transcript, spoken, hint audio; ARGV: channel,
 # event, history length, done TTL, history field, is a final (1/0), retention, span start, span
 # end, recovered.
 _CLAIM = _PUBLISH_ONCE + """
+redis.call('DEL', KEYS[5])
 if publish_once(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7],
                 KEYS[4], ARGV[8], ARGV[9], ARGV[10]) then
   return 1
@@ -212,6 +235,8 @@ class RedisQueue:
         self._partial = self.redis.register_script(_PARTIAL)
         self._group_ready = False
         self._client_list_allowed = True
+        # utterance -> samples of its audio this gateway put under its hint audio key (offer())
+        self._hint_audio: dict[str, int] = {}
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -221,7 +246,8 @@ class RedisQueue:
     async def submit(self, u: Utterance) -> str:
         b = self.bounds
         fields = [item for pair in encode_job(u).items() for item in pair]
-        reply = await self._submit(keys=[JOBS, BACKLOG, HINTS, HINT_ORDER],
+        self._hint_audio.pop(u.utterance_id, None)
+        reply = await self._submit(keys=[JOBS, BACKLOG, HINTS, HINT_ORDER, hint_audio_key(u.utterance_id)],
                                    args=[*backlog_fields(u.room_id, u.student_id), b.total, b.per_room, b.per_student,
                                          u.utterance_id, *fields])
         if not isinstance(reply, list):
@@ -230,10 +256,20 @@ class RedisQueue:
         return reply[0].decode()
 
     async def offer(self, hint: Utterance) -> None:
-        speculative = hint.kind == "speculative"
+        uid, speculative = hint.utterance_id, hint.kind == "speculative"
         score = now() - (SPECULATIVE_FIRST if speculative else 0.0)
-        await self._offer(keys=[HINTS, HINT_ORDER, done_key(hint.utterance_id)],
-                          args=[hint.utterance_id, pack_hint(hint), repr(score), int(speculative), HINTS_MAX])
+        keys = [HINTS, HINT_ORDER, done_key(uid), hint_audio_key(uid)]
+        head = pack_hint_head(hint)
+        sent = min(self._hint_audio.pop(uid, 0), hint.audio.size)  # samples of it Redis holds, as far as we know
+        reply = await self._offer(keys=keys, args=[uid, head, repr(score), int(speculative), HINTS_MAX, 2 * sent,
+                                                   pcm16(hint.audio[sent:]), HINT_AUDIO_TTL_S])
+        if reply == -1:  # its audio expired in Redis meanwhile: all of it again
+            reply = await self._offer(keys=keys, args=[uid, head, repr(score), int(speculative), HINTS_MAX, 0,
+                                                       pcm16(hint.audio), HINT_AUDIO_TTL_S])
+        if reply in (1, 2):
+            self._hint_audio[uid] = hint.audio.size
+            while len(self._hint_audio) > HINT_AUDIO_REMEMBERED:
+                self._hint_audio.pop(next(iter(self._hint_audio)))
 
     async def speculation(self, utterance_id: str) -> Speculation | None:
         value = await self.redis.get(speculation_key(utterance_id))
@@ -289,7 +325,7 @@ class RedisQueue:
         """Publish a result made outside the workers unless the utterance was published already
         (True: this one is the room's)."""
         keys = [done_key(event.utterance_id), history_key(event.room_id), transcript_key(event.room_id),
-                spoken_key(event.room_id, spoken_of(event.student_id, event.stream_clock))]
+                spoken_key(event.room_id, spoken_of(event.student_id, event.stream_clock)), hint_audio_key(event.utterance_id)]
         event_json = event.to_json()
         args = [room_channel(event.room_id), event_json, self.history_len, int(DONE_TTL_S), HISTORY_FIELD,
                 int(is_final_transcript(event_json)), self.transcript_retention_s, *span_args(event)]
@@ -320,11 +356,12 @@ class RedisQueue:
         return await self._decode([(eid, fields) for _stream, entries in reply or [] for eid, fields in entries])
 
     async def take_hints(self, count: int, partials: bool = True) -> list[Utterance]:
-        packed = await self._take_hints(keys=[HINTS, HINT_ORDER], args=[count, int(partials), done_key("")])
+        packed = await self._take_hints(keys=[HINTS, HINT_ORDER],
+                                        args=[count, int(partials), done_key(""), hint_audio_key("")])
         out = []
-        for value in packed:
+        for head, pcm in zip(packed[::2], packed[1::2]):
             try:
-                hint = unpack_hint(value)
+                hint = unpack_hint(head, pcm)
             except JobError as error:
                 log.error("dropping a hint: %s", error)
                 continue
@@ -404,7 +441,7 @@ class RedisQueue:
 
     async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
         keys = [done_key(u.utterance_id), history_key(u.room_id), JOBS, BACKLOG, transcript_key(u.room_id),
-                spoken_key(u.room_id, spoken_of(event.student_id, event.stream_clock))]
+                spoken_key(u.room_id, spoken_of(event.student_id, event.stream_clock)), hint_audio_key(u.utterance_id)]
         event_json = event.to_json()
         args = [room_channel(u.room_id), event_json, self.history_len, JOB_GROUP, entry_id, int(DONE_TTL_S), HISTORY_FIELD,
                 *backlog_fields(u.room_id, u.student_id), int(is_final_transcript(event_json)), self.transcript_retention_s,
