@@ -85,6 +85,10 @@ def _warm_engine_and_intent(model: str, backend: str, threads: int):  # noqa: AN
         _progress(f"error: {error}")
         return None
     intent.classify(["warm up"])
+    if engine.batch_rows_cheap:  # a GPU: its kernels load on first use (asr/warmup.py)
+        from streamserver.asr.warmup import warm_live_path
+
+        warm_live_path(engine, intent)
     return engine, intent
 
 
