@@ -85,10 +85,6 @@ def _warm_engine_and_intent(model: str, backend: str, threads: int):  # noqa: AN
         _progress(f"error: {error}")
         return None
     intent.classify(["warm up"])
-    if engine.batch_rows_cheap:  # a GPU: its kernels load on first use (asr/warmup.py)
-        from streamserver.asr.warmup import warm_live_path
-
-        warm_live_path(engine, intent)
     return engine, intent
 
 
@@ -320,6 +316,7 @@ def _run_server(app, settings, args: argparse.Namespace, classroom, tls=None) ->
             await runner.cleanup()
 
         app.cleanup_ctx.append(metrics_site)
+
     async def settle_heap(app: web.Application) -> None:  # the last start-up step: what it made stays
         freeze_startup_heap()
 
