@@ -41,12 +41,12 @@ ALIVE_TTL_S = 1.0
 DONE_TTL_S = 24 * 3600
 # Two workers claiming at once: the second finds the jobs just claimed (idle since then < this).
 CLAIM_MIN_IDLE_MS = 150
-WORKER_CLIENT_PREFIX = "asr-worker:"
-# An utterance's hint audio outlives its last hint this long (a final or a claim deletes it at
-# once): hints come every second of speech at most, so it expires only in a long pause, and the
-# next hint then sends the audio whole again.
+WORKER_CLIENT_PREFIX = "asr-worker:"  # the CLIENT SETNAME of every connection of a worker
+# An utterance's hint audio outlives its last hint this long (its final's job, a worker's
+# completion or a claim deletes it at once): a partial comes every second of voiced speech, so
+# it expires only in a long pause, and the next hint then sends the audio whole again.
 HINT_AUDIO_TTL_S = 10
-HINT_AUDIO_REMEMBERED = 20_000  # utterances whose hint audio this gateway remembers sending  # the CLIENT SETNAME of every connection of a worker
+HINT_AUDIO_REMEMBERED = 20_000  # utterances whose hint audio this gateway remembers sending
 FORGET_IDLE_MS = 10 * 60 * 1000  # a consumer with nothing pending, silent this long, is removed
 
 # Queue a job unless its student, its room or the whole queue is at its bound (the backlog
@@ -170,8 +170,9 @@ end
 # The worker's completion: publish once, acknowledge and delete the job, and count it out of the
 # backlog (once: only the delivery that deletes it): atomically, so that no crash can publish
 # twice or acknowledge without publishing. KEYS: done, history, jobs, backlog, class transcript,
-# spoken, hint audio (no more hints); ARGV: channel, event, history length, group, entry id, done TTL, history field, the two
-# backlog fields, is a final, retention, span start, span end, recovered.
+# spoken, hint audio (no more hints); ARGV: channel, event, history length, group, entry id, done
+# TTL, history field, the two backlog fields, is a final, retention, span start, span end,
+# recovered.
 _COMPLETE = _PUBLISH_ONCE + """
 local fresh = publish_once(KEYS[1], KEYS[2], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[6], ARGV[7], ARGV[10], ARGV[11],
                            KEYS[6], ARGV[12], ARGV[13], ARGV[14])
@@ -187,9 +188,9 @@ if fresh then return 1 else return 0 end
 
 # A result made outside the workers (an on-prem gateway's local fallback): published only if no
 # worker published this utterance first; its job, if queued, is then acknowledged by whichever
-# worker reads it (the done key). KEYS: done, history, class transcript, spoken, hint audio; ARGV: channel,
-# event, history length, done TTL, history field, is a final (1/0), retention, span start, span
-# end, recovered.
+# worker reads it (the done key). KEYS: done, history, class transcript, spoken, hint audio;
+# ARGV: channel, event, history length, done TTL, history field, is a final (1/0), retention,
+# span start, span end, recovered.
 _CLAIM = _PUBLISH_ONCE + """
 redis.call('DEL', KEYS[5])
 if publish_once(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7],
@@ -260,12 +261,14 @@ class RedisQueue:
         score = now() - (SPECULATIVE_FIRST if speculative else 0.0)
         keys = [HINTS, HINT_ORDER, done_key(uid), hint_audio_key(uid)]
         head = pack_hint_head(hint)
-        sent = min(self._hint_audio.pop(uid, 0), hint.audio.size)  # samples of it Redis holds, as far as we know
-        reply = await self._offer(keys=keys, args=[uid, head, repr(score), int(speculative), HINTS_MAX, 2 * sent,
-                                                   pcm16(hint.audio[sent:]), HINT_AUDIO_TTL_S])
+
+        async def offer_from(sample: int) -> int:  # the audio from `sample` on
+            return await self._offer(keys=keys, args=[uid, head, repr(score), int(speculative), HINTS_MAX, 2 * sample,
+                                                      pcm16(hint.audio[sample:]), HINT_AUDIO_TTL_S])
+
+        reply = await offer_from(min(self._hint_audio.pop(uid, 0), hint.audio.size))  # what Redis holds, as far as we know
         if reply == -1:  # its audio expired in Redis meanwhile: all of it again
-            reply = await self._offer(keys=keys, args=[uid, head, repr(score), int(speculative), HINTS_MAX, 0,
-                                                       pcm16(hint.audio), HINT_AUDIO_TTL_S])
+            reply = await offer_from(0)
         if reply in (1, 2):
             self._hint_audio[uid] = hint.audio.size
             while len(self._hint_audio) > HINT_AUDIO_REMEMBERED:
