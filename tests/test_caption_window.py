@@ -49,6 +49,7 @@ def test_partials_go_apart_at_the_caption_window_and_stay_close_to_the_final(tin
     results = asyncio.run(recogniser.run(batch))
     recogniser.close()
     assert sorted(spy.windows) == sorted([(2, None), (1, "min10s-zero")])  # finals + speculation apart from the partial
+    assert set(recogniser.last_seconds) == {"engine"} and recogniser.last_seconds["engine"] > 0  # no labeller here
     texts = {e[1].kind: ev.text for e, ev in results}
     assert wer([reference], [texts["partial"]]) <= wer([reference], [texts["speculative"]]) + 0.2
     assert texts["speculative"] and texts["partial"]

@@ -42,12 +42,20 @@ class BatchRecogniser:
         self.engine, self.intent, self.metrics = engine, intent, metrics
         # One thread: the engine serves one batch at a time.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
+        self.last_seconds: dict[str, float] = {}  # the last run()'s time by part: engine, intent
+
+    def _spent(self, part: str, started: float) -> None:
+        """In the worker thread: `part`'s time since `started`, counted and kept for run()'s caller."""
+        seconds = time.perf_counter() - started
+        self.metrics.recognition_seconds.labels(part=part).inc(seconds)
+        self.last_seconds[part] = self.last_seconds.get(part, 0.0) + seconds
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, batch: list[Entry]) -> list[Result]:
         """Partials (live captions) get no intent label: only finals and speculations do."""
+        self.last_seconds = {}
         return await self._label(await self._recognise(batch))
 
     async def _recognise(self, batch: list[Entry]) -> list[Recognised]:
@@ -81,7 +89,7 @@ class BatchRecogniser:
             log.exception("intent classification failed")
             return {}
         finally:
-            self.metrics.recognition_seconds.labels(part="intent").inc(time.perf_counter() - started)
+            self._spent("intent", started)
 
     def _transcribe(self, audios: list[np.ndarray], language: str | None, caption: bool) -> list[Transcript]:
         """In the worker thread."""
@@ -96,7 +104,7 @@ class BatchRecogniser:
                 return [replace(r, text="", rejected=r.rejected or "repetition") if looks_looped(r) else r for r in results]
             return self.engine.transcribe_batch(audios, language)
         finally:
-            self.metrics.recognition_seconds.labels(part="engine").inc(time.perf_counter() - started)
+            self._spent("engine", started)
 
     async def _group(self, group: list[Entry], language: str | None, caption: bool = False) -> list[Recognised]:
         audios = [u.audio for _, u in group]

@@ -321,10 +321,11 @@ class AsrWorker:
         self._busy.append((end - seconds, end, essential))
         if seconds > SLOW_BATCH_S:  # on a CPU every utterance costs about that: said at debug level there
             kinds = Counter(u.kind for _, u in entries)
+            spent = self.recogniser.last_seconds
             log.log(logging.INFO if self.engine.batch_rows_cheap else logging.DEBUG,
-                    "slow batch: %d finals, %d speculations, %d partials took %.2f s (the oldest ended %.2f s ago)",
-                    kinds["final"], kinds["speculative"], kinds["partial"], seconds,
-                    time.time() - min(u.end_of_speech_ts for _, u in entries))
+                    "slow batch: %d finals, %d speculations, %d partials took %.2f s (engine %.2f s, labels %.2f s; "
+                    "the oldest ended %.2f s ago)", kinds["final"], kinds["speculative"], kinds["partial"], seconds,
+                    spent.get("engine", 0.0), spent.get("intent", 0.0), time.time() - min(u.end_of_speech_ts for _, u in entries))
 
     async def _from_speculations(self, batch: list[Entry]) -> tuple[list[Entry], list[Entry]]:
         """Finals whose speculative result is ready are published from it; returned: the rest
