@@ -325,7 +325,8 @@ class AsrWorker:
             log.log(logging.INFO if self.engine.batch_rows_cheap else logging.DEBUG,
                     "slow batch: %d finals, %d speculations, %d partials took %.2f s (engine %.2f s, labels %.2f s; "
                     "the oldest ended %.2f s ago)", kinds["final"], kinds["speculative"], kinds["partial"], seconds,
-                    spent.get("engine", 0.0), spent.get("intent", 0.0), time.time() - min(u.end_of_speech_ts for _, u in entries))
+                    spent.get("engine", 0.0), spent.get("intent", 0.0),
+                    time.time() - min(u.end_of_speech_ts for _, u in entries))
 
     async def _from_speculations(self, batch: list[Entry]) -> tuple[list[Entry], list[Entry]]:
         """Finals whose speculative result is ready are published from it; returned: the rest

@@ -72,11 +72,11 @@ return {redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))}
 # far, each a prefix of the next, so the hint audio key gets only what it does not hold yet
 # (whatever order two offers come in), and each sample goes through Redis, and its append-only
 # file, once. Whole, the hints of a 5 s utterance sent ~17 s of audio, and 4,000 students' hints
-# ~40 MB/s, which took the H200 host's finals over 0.6 s (README, "Scaling out"). KEYS: hints,
-# hint order, done, hint audio; ARGV: utterance id, hint head, score, speculative (1/0),
-# HINTS_MAX, byte offset of the audio piece, the piece, audio TTL (s). 1: offered; 2: the queue
-# of hints is full (the piece kept); 0: published already; -1: the key holds less than the
-# piece's offset (it expired): send the audio from 0.
+# ~40 MB/s into the AOF (README, "Scaling out"). KEYS: hints, hint order, done, hint audio;
+# ARGV: utterance id, hint head, score, speculative (1/0), HINTS_MAX, byte offset of the audio
+# piece, the piece, audio TTL (s). 1: offered; 2: the queue of hints is full (the piece kept);
+# 0: published already; -1: the key holds less than the piece's offset (it expired): send the
+# audio from 0.
 _OFFER = """
 if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 local have, offset, piece = redis.call('STRLEN', KEYS[4]), tonumber(ARGV[6]), ARGV[7]
@@ -247,7 +247,7 @@ class RedisQueue:
     async def submit(self, u: Utterance) -> str:
         b = self.bounds
         fields = [item for pair in encode_job(u).items() for item in pair]
-        self._hint_audio.pop(u.utterance_id, None)
+        self._hint_audio.pop(u.utterance_id, None)  # the script deletes its hint audio
         reply = await self._submit(keys=[JOBS, BACKLOG, HINTS, HINT_ORDER, hint_audio_key(u.utterance_id)],
                                    args=[*backlog_fields(u.room_id, u.student_id), b.total, b.per_room, b.per_student,
                                          u.utterance_id, *fields])
@@ -327,6 +327,7 @@ class RedisQueue:
     async def claim(self, event: TranscriptEvent) -> bool:
         """Publish a result made outside the workers unless the utterance was published already
         (True: this one is the room's)."""
+        self._hint_audio.pop(event.utterance_id, None)  # the script deletes its hint audio
         keys = [done_key(event.utterance_id), history_key(event.room_id), transcript_key(event.room_id),
                 spoken_key(event.room_id, spoken_of(event.student_id, event.stream_clock)), hint_audio_key(event.utterance_id)]
         event_json = event.to_json()
