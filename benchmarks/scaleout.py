@@ -93,13 +93,15 @@ def _hint_counters(worker_urls: list[str], gateway_urls: list[str], token: str) 
 def _profile(targets: list[tuple[str, int]], logs: Path, duration_s: float) -> list[subprocess.Popen]:
     """With SCALEOUT_PYSPY=<py-spy binary>: where gateway-0 and worker-0 spend their time, sampled
     by py-spy for the middle third of the run (LOGS/<name>.pyspy.txt, py-spy's raw format: one line
-    per stack with its sample count)."""
+    per stack with its sample count, per thread). SCALEOUT_PYSPY_FROM=0 samples the first third
+    instead (where a fresh GPU machine's first run has its slow batches)."""
     pyspy = os.environ.get("SCALEOUT_PYSPY")
     if not pyspy:
         return []
     third = max(1, int(duration_s / 3))
-    return [subprocess.Popen(["sh", "-c", f"sleep {third} && exec {shlex.quote(pyspy)} record --nonblocking -r 50 -d {third} "
-                              f"-f raw -p {pid} -o {shlex.quote(str(logs / (name + '.pyspy.txt')))}"],
+    start = int(os.environ.get("SCALEOUT_PYSPY_FROM", third))
+    return [subprocess.Popen(["sh", "-c", f"sleep {start} && exec {shlex.quote(pyspy)} record --nonblocking --threads -r 50 "
+                              f"-d {third} -f raw -p {pid} -o {shlex.quote(str(logs / (name + '.pyspy.txt')))}"],
                              stdout=subprocess.DEVNULL, stderr=open(logs / f"{name}.pyspy.log", "w"))
             for name, pid in targets]
 

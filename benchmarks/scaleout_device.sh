@@ -19,7 +19,8 @@
 #   WORKER_ARGS="" (more worker flags)  READY_TIMEOUT=300 (s for the worker's /readyz: the GPU
 #   engine compiles for 1-2 minutes)  NAME=scaleout-h200  OUT (the device tool sets it)
 #   PYTHON=python3  STAGE=/root/stage6  SITE=/tmp/site6  INSTALL=auto|yes|no
-#   PROFILE=1: py-spy samples gateway-0 and worker-0 for the middle third (their stacks in the logs)
+#   PROFILE=1: py-spy samples gateway-0 and worker-0 for the middle third (their stacks in the logs);
+#   PROFILE_FROM=0 with it: the first third (a fresh machine's first run has its slow batches there)
 #   NO_AOF=1: Redis without its append-only file (a diagnosis of what the AOF costs)
 # A tiny form runs on the 2-core dev machine (INSTALL=no: its .venv has everything):
 #   OUT=/tmp/tiny INSTALL=no PYTHON=.venv/bin/python STUDENTS=40 DURATION=20 ROOMS=4 GATEWAYS=2 PROCESSES=2 \
@@ -115,6 +116,7 @@ rm -rf "$LOGS" "$OUT/$NAME"
 export STREAMSERVER_ADMIN_TOKEN=${STREAMSERVER_ADMIN_TOKEN:-scaleout-device} PYTHONUNBUFFERED=1
 if [ "${PROFILE:-0}" = 1 ]; then  # py-spy samples gateway-0 and worker-0 (the payload's py-spy wheel)
     for b in "$SITE/bin/py-spy" "$(command -v py-spy)"; do [ -x "$b" ] && export SCALEOUT_PYSPY=$b && break; done
+    [ -n "${PROFILE_FROM:-}" ] && export SCALEOUT_PYSPY_FROM=$PROFILE_FROM
     say "profiling with ${SCALEOUT_PYSPY:-(no py-spy found)}"
 fi
 "$PYTHON" -m benchmarks.scaleout --students "$STUDENTS" --duration "$DURATION" --rooms "$ROOMS" \

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import defaultdict
 from typing import Sequence
 
@@ -124,6 +125,7 @@ class TorchCudaEngine(Engine):
         size = next(b for b in ENCODER_BUCKETS if b >= n)
         entry = self._encoders.get((size, frames, tokens))
         if entry is None:
+            started = time.perf_counter()
             static_in = torch.zeros(size, mel.shape[1], frames, device=mel.device)
             # The forced tokens live on the device before the capture, and as long as the graph.
             ids = torch.tensor(tokens[:-1], device=mel.device) if tokens else None
@@ -137,6 +139,9 @@ class TorchCudaEngine(Engine):
             with torch.cuda.graph(graph, pool=self._encoder_pool, stream=self._stream):
                 static_out = body()
             entry = self._encoders[(size, frames, tokens)] = (graph, static_in, static_out, ids)
+            # warmup() captures the usual ones; one captured later held a batch up this long
+            log.info("encoder graph captured for %d rows, %d frames, %d forced tokens in %.2f s",
+                     size, frames, len(tokens or ()), time.perf_counter() - started)
         graph, static_in, (static_kv, static_prefilled), _ids = entry
         static_in[:n].copy_(mel)
         graph.replay()
