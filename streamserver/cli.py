@@ -140,8 +140,8 @@ def _partial_interval_ms(text: str) -> int:
 
 def _add_retention_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transcript-retention-days", type=_retention_days, default=30, metavar="DAYS",
-                   help="how long a class's transcript (every final, for the teacher's export) is kept in Redis after "
-                        "its last one (default 30)")
+                   help="how long a class's transcript (every final, for the teacher's export) is kept after its last "
+                        "one (default 30): in Redis, or in the memory of a `serve` without Redis (gone when it stops)")
 
 
 def _retention_days(text: str) -> float:

@@ -378,6 +378,72 @@ def test_speculations_ride_along_with_the_finals_where_rows_are_cheap(tiny_engin
 
 
 
+def test_a_rider_of_another_language_is_held_for_a_pass_of_its_own(tiny_engine, librivox):
+    """A hint taken to ride in a batch whose finals are all of another language (an engine call
+    of its own) is not dropped: it waits in the worker and is recognised in the next pass
+    between batches."""
+    (_, first, _), (_, second, _) = librivox[1], librivox[4]
+
+    async def body() -> None:
+        queue = MemoryQueue(OrderedPublisher(MemoryBus()))
+        engine = CheapRowsEngine(tiny_engine)
+        worker = AsrWorker(engine, queue, None, partials="off")
+        room = "held-" + PREFIX
+        final = Utterance(PREFIX + "-held-final", room, "s-a", "Ann", "en", first, now() - 3, now())
+        other = Utterance(PREFIX + "-held-other", room, "s-b", "Bo", "auto", second, now() - 3, now(), kind="speculative",
+                          digest=audio_digest(second))  # "auto": the language is detected, a group of its own
+        await queue.submit(final)
+        await queue.offer(other)
+        await worker._transcribe(await queue.read(64, 100))
+        assert engine.batches == [1] and await queue.done_of([final.utterance_id]) == {final.utterance_id}  # the final alone
+        assert await queue.take_hints(10) == []  # taken from the queue: the worker holds it
+        await worker._take_hints(False)
+        assert engine.batches == [1, 1]
+        kept = (await queue.speculations([other.utterance_id]))[other.utterance_id]
+        assert kept.final_for(other) is not None  # its final will need no recognition
+
+    run(body())
+
+
+class OrderQueue(MemoryQueue):
+    """A memory queue that notes what the worker published, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(OrderedPublisher(MemoryBus()))
+        self.published: list[str] = []
+
+    async def complete(self, entry_id, u, event):  # noqa: ANN001, ANN201 - MemoryQueue's
+        self.published.append(event.type)
+        return await super().complete(entry_id, u, event)
+
+    async def publish_partial(self, event):  # noqa: ANN001, ANN201 - MemoryQueue's
+        self.published.append(event.type)
+        return await super().publish_partial(event)
+
+
+def test_a_batch_publishes_its_finals_before_its_riders_captions(tiny_engine, librivox):
+    """Finals always go first: a caption that rode in the batch (a partial, or a speculation's
+    text) is published after the batch's finals, never in front of them."""
+    (_, first, _), (_, second, _) = librivox[1], librivox[4]
+
+    async def body() -> None:
+        queue = OrderQueue()
+        worker = AsrWorker(CheapRowsEngine(tiny_engine), queue, None, partials="on")
+        room = "order-" + PREFIX
+        final = Utterance(PREFIX + "-order-final", room, "s-a", "Ann", "en", first, now() - 3, now())
+        speaking = Utterance(PREFIX + "-order-partial", room, "s-b", "Bo", "en", second[: 2 * RATE], now() - 2, now(),
+                             kind="partial", revision=1)
+        pausing = Utterance(PREFIX + "-order-spec", room, "s-c", "Cy", "en", second, now() - 3, now(), kind="speculative",
+                            digest=audio_digest(second))
+        await queue.submit(final)
+        await queue.offer(speaking)
+        await queue.offer(pausing)
+        await worker._transcribe(await queue.read(64, 100))
+        assert queue.published == ["transcript", "transcript_partial", "transcript_partial"]
+
+    run(body())
+
+
 class CountingIntent:
     """The real intent classifier, the texts it was asked to label noted."""
 

@@ -77,6 +77,24 @@ def test_serve_exports_the_whole_class_in_order_for_the_teacher(librivox):
         assert _export(server.url, room, "pdf")[0] == 400
         assert _get(f"{server.url}/api/rooms/{room['room_id']}/transcript")[0] in (401, 403)  # no token
 
+        # The class is over: the room is closed, and its transcript is still the teacher's (and an admin's).
+        urllib.request.urlopen(urllib.request.Request(f"{server.url}/api/rooms/{room['room_id']}", method="DELETE",
+                                                      headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}), timeout=10)
+        assert _get(f"{server.url}/api/rooms/{room['room_id']}/feed?token={token_of(room['teacher_url'])}")[0] == 403  # closed
+        status, _, body = _export(server.url, room, "json")
+        assert status == 200 and [t["text"] for t in json.loads(body)["transcripts"]] == [t["text"] for t in shown]
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        with urllib.request.urlopen(urllib.request.Request(f"{server.url}/api/rooms/{room['room_id']}/transcript?format=txt",
+                                                           headers=admin), timeout=10) as r:
+            assert r.status == 200 and len(r.read().decode().splitlines()) == 2 + len(shown)
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{server.url}/api/rooms/no-such-room/transcript", headers=admin), timeout=10)
+            raise AssertionError("an unknown room's transcript was served")
+        except urllib.error.HTTPError as error:
+            assert error.code == 404
+        token = token_of(room["teacher_url"])
+        assert _get(f"{server.url}/api/rooms/no-such-room/transcript?token={token}")[0] == 403  # another room's token
+
 
 def test_a_gateways_class_transcript_is_written_by_the_worker(gateway, redis_url, tmp_path, librivox):  # noqa: F811
     mport = free_port()
@@ -93,3 +111,33 @@ def test_a_gateways_class_transcript_is_written_by_the_worker(gateway, redis_url
             client.close()
     finally:
         worker.stop()
+
+
+def test_csv_cells_a_student_wrote_are_never_run_as_spreadsheet_formulas():
+    from streamserver.rooms.transcript import render
+
+    t = {"start_ts": 0.0, "end_of_speech_ts": 1.0, "student_name": '=HYPERLINK("http://x","y")', "student_id": "s1",
+         "text": "-5 is the answer", "language": "en", "utterance_id": "u1"}
+    rows = list(csv.reader(io.StringIO(render({"room_id": "r", "name": "c"}, [t, {**t, "student_name": "Ann", "text": "x = 5"}], "csv"))))
+    assert rows[1][2] == '\'=HYPERLINK("http://x","y")' and rows[1][4] == "'-5 is the answer"
+    assert rows[2][2] == "Ann" and rows[2][4] == "x = 5"  # only a leading sign makes a formula
+
+
+def test_a_memory_bus_keeps_a_class_transcript_for_its_retention_after_its_last_final():
+    from streamserver.bus.memory import MemoryBus
+
+    now = [0.0]
+    bus = MemoryBus(transcript_retention_s=100, clock=lambda: now[0])
+    final = json.dumps({"type": "transcript", "utterance_id": "u1", "text": "hello"})
+
+    async def scenario() -> list[list[str]]:
+        await bus.publish("old", final)
+        now[0] = 60.0
+        await bus.publish("new", final)
+        seen = [await bus.transcript("old")]
+        now[0] = 101.0  # 101 s after old's last final, 41 s after new's
+        seen += [await bus.transcript("old"), await bus.transcript("new")]
+        return seen
+
+    kept, gone, other = asyncio.run(scenario())
+    assert kept == [final] and gone == [] and other == [final]

@@ -40,10 +40,10 @@ from collections import Counter, deque
 
 from engines.engine import Engine
 from streamserver.asr.batch import BatchRecogniser
-from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, UtteranceFailedEvent
+from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, UtteranceFailedEvent, now
 from streamserver.intent import IntentClassifier
 from streamserver.metrics import Metrics
-from streamserver.queue.base import MAX_ATTEMPTS, UNREACHABLE, Entry, Speculation, UtteranceQueue, queued_at
+from streamserver.queue.base import HINT_MAX_AGE_S, MAX_ATTEMPTS, UNREACHABLE, Entry, Speculation, UtteranceQueue, queued_at
 from streamserver.queue.fair import fair_batch
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,10 @@ class AsrWorker:
         # Finals whose speculation another worker is recognising: they wait for it (PENDING_S at
         # most) instead of being recognised twice.
         self._deferred: dict[str, Entry] = {}
+        # Hints taken as riders whose language no final of the batch had: each language is an
+        # engine call of its own, so they wait here for a batch of theirs or the next pass
+        # between batches (the newest of each utterance; in this process only, as hints are).
+        self._held_hints: dict[str, Utterance] = {}
 
     def start(self) -> None:
         """Run in the background of this process's event loop (`serve`)."""
@@ -257,8 +261,7 @@ class AsrWorker:
         # from their speculation at the hangover's end against 3,123, p99 2.23 s against 0.90 s.)
         results = await self.recogniser.run(batch + riders)
         self._worked(started, batch + riders)
-        await self._keep_speculations([r for r in results if r[0][1].kind == "speculative"])
-        await self._publish_partials([r for r in results if r[0][1].kind == "partial"])
+        captions = await self._keep_speculations([r for r in results if r[0][1].kind == "speculative"])
         for (entry_id, u), event in results:
             if u.kind != "final":
                 continue
@@ -266,6 +269,8 @@ class AsrWorker:
                 await self._failed(entry_id, u)
             else:
                 await self._complete(entry_id, u, event)
+        # Captions last: a final never waits for a caption's round trip to Redis.
+        await self._publish_partials(captions + [r for r in results if r[0][1].kind == "partial"])
 
     async def _riders(self, batch: list[Entry]) -> list[Entry]:
         """Hints to recognise in the finals' batch, where another row costs little
@@ -285,8 +290,27 @@ class AsrWorker:
         # and not a final's own hint: a speculation dropped unmarked, its final is recognised as
         # always; a caption of an utterance whose final is here would come after it.
         languages, finals = {u.language for _, u in batch}, {u.utterance_id for _, u in batch}
-        hints = [h for h in hints if h.language in languages and h.utterance_id not in finals]
-        return await self._speculating(hints) + [("", u) for u in hints if u.kind == "partial"]
+        hints = [h for h in self._with_held(hints) if h.utterance_id not in finals]
+        riding = [h for h in hints if h.language in languages][:room]
+        taken = {id(h) for h in riding}
+        self._hold([h for h in hints if id(h) not in taken])
+        return await self._speculating(riding) + [("", u) for u in riding if u.kind == "partial"]
+
+    def _hold(self, hints: list[Utterance]) -> None:
+        self._held_hints = {h.utterance_id: h for h in self._with_held(hints)}
+        while len(self._held_hints) > self.max_batch:  # the oldest speech goes first: it is the least worth
+            oldest = min(self._held_hints.values(), key=lambda h: h.end_of_speech_ts)
+            del self._held_hints[oldest.utterance_id]
+
+    def _with_held(self, hints: list[Utterance]) -> list[Utterance]:
+        """`hints` and the held ones (taken out of holding), the newest revision of each
+        utterance, none older than the queue's HINT_MAX_AGE_S."""
+        newest: dict[str, Utterance] = {}
+        for h in [*self._held_hints.values(), *hints]:
+            if h.utterance_id not in newest or h.revision >= newest[h.utterance_id].revision:
+                newest[h.utterance_id] = h
+        self._held_hints = {}
+        return [h for h in newest.values() if now() - h.end_of_speech_ts <= HINT_MAX_AGE_S]
 
     async def _speculating(self, hints: list[Utterance]) -> list[Entry]:
         """Speculative hints about to be recognised, marked so: their finals, if they come
@@ -299,20 +323,21 @@ class AsrWorker:
                 pass
         return speculative
 
-    async def _keep_speculations(self, results: list[tuple[Entry, TranscriptEvent | None]]) -> None:
+    async def _keep_speculations(self, results: list[tuple[Entry, TranscriptEvent | None]]) -> list[tuple[Entry, TranscriptEvent | None]]:
         """Each result kept for its final; a failed one's mark is lifted (its final is then
-        recognised at once, not after PENDING_S)."""
+        recognised at once, not after PENDING_S). Returned: the results that are their
+        utterance's newest caption (the utterance as it stands at its pause, unless its final
+        comes first), for the caller to publish once any finals are out."""
         done = {u.utterance_id: Speculation(u.digest, event.to_json()) for (_, u), event in results if event is not None}
         failed = {u.utterance_id: Speculation(u.digest, "") for (_, u), event in results if event is None}
         try:
             await self.queue.keep_speculations({**done, **failed})
-            for (_, u), event in results:
-                # the utterance as it stands at its pause: the newest caption, unless its final came first
-                if event is not None and event.text and self.partials != "off":  # no extra work: recognised anyway
-                    await self.queue.publish_partial(TranscriptPartialEvent.of(u, event.text, event.language))
         except UNREACHABLE:
-            return
+            return []
         self.metrics.speculations.labels(outcome="recognised").inc(len(done))
+        if self.partials == "off":  # no extra work: recognised anyway, but captions are off
+            return []
+        return [r for r in results if r[1] is not None and r[1].text]
 
     def _worked(self, started: float, entries: list[Entry], essential: bool = True) -> None:
         seconds = time.perf_counter() - started
@@ -360,13 +385,14 @@ class AsrWorker:
             hints = await self.queue.take_hints(self.hint_batch_size(), partials)
         except UNREACHABLE:
             hints = []
+        hints = [h for h in self._with_held(hints) if partials or h.kind == "speculative"]
         self._hints_waiting = bool(hints)
         speculative = await self._speculating(hints)
         if speculative:
             started = time.perf_counter()
             results = await self.recogniser.run(speculative)
             self._worked(started, speculative)
-            await self._keep_speculations(results)
+            await self._publish_partials(await self._keep_speculations(results))
         partial = [("", u) for u in hints if u.kind == "partial"]
         if partial:
             started = time.perf_counter()

@@ -67,4 +67,4 @@ def create_bus(redis_url: str | None, history_len: int = 500, ca_file: str | Non
         return RedisBus(redis_url, history_len, ca_file=ca_file, **extra)
     from streamserver.bus.memory import MemoryBus
 
-    return MemoryBus(history_len)
+    return MemoryBus(history_len, **({"transcript_retention_s": transcript_retention_s} if transcript_retention_s is not None else {}))

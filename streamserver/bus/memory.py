@@ -6,21 +6,26 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
-from streamserver.bus.keys import is_final_transcript
+from streamserver.bus.keys import TRANSCRIPT_RETENTION_S, is_final_transcript
 
 log = logging.getLogger(__name__)
 
 class MemoryBus:
-    def __init__(self, history_len: int = 500, max_lag: int = 1000) -> None:
+    def __init__(self, history_len: int = 500, max_lag: int = 1000, transcript_retention_s: float = TRANSCRIPT_RETENTION_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._rooms: dict[str, tuple[dict[str, str], float]] = {}  # room -> (record, monotonic expiry)
         self._history_len = history_len
         self._max_lag = max_lag
         self._history: dict[str, deque[str]] = {}
         self._subscribers: dict[str, set[asyncio.Queue[str | None]]] = {}
         self._seats: dict[str, dict[str, dict[str, float]]] = {}  # room -> student -> holder -> lease end
-        self._transcripts: dict[str, list[str]] = {}  # room -> its final transcripts (this process's life)
+        # room -> its final transcripts, kept as the Redis bus keeps them: until the retention has
+        # passed since the room's last final (then forgotten at the next final of any room)
+        self._transcripts: dict[str, list[str]] = {}
+        self._last_final: dict[str, float] = {}
+        self._retention_s, self._clock = transcript_retention_s, clock
         self._closed = False
 
     async def publish(self, room_id: str, event_json: str, keep: bool = True) -> None:
@@ -30,7 +35,9 @@ class MemoryBus:
         if keep:
             history.append(event_json)
         if keep and is_final_transcript(event_json):  # the whole class, for the teacher's export
+            self._forget_old_transcripts()
             self._transcripts.setdefault(room_id, []).append(event_json)
+            self._last_final[room_id] = self._clock()
         # No await in here, so every subscriber sees events in publish order.
         for queue in list(self._subscribers.get(room_id, ())):
             try:
@@ -121,7 +128,13 @@ class MemoryBus:
         return list(history)[-limit:]
 
     async def transcript(self, room_id: str) -> list[str]:
+        self._forget_old_transcripts()
         return list(self._transcripts.get(room_id, ()))
+
+    def _forget_old_transcripts(self) -> None:
+        horizon = self._clock() - self._retention_s
+        for room_id in [r for r, at in self._last_final.items() if at < horizon]:
+            del self._transcripts[room_id], self._last_final[room_id]
 
     async def subscriber_count(self, room_id: str) -> int:
         """Live subscribers of the room (metrics, and tests waiting for a subscription)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -58,8 +59,10 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--speak-ratio must be in (0, 1]"
     if not 0 <= args.webrtc_students <= args.students:
         return "--webrtc-students must be between 0 and --students"
-    if args.duration <= 0:
-        return "--duration must be positive"
+    if not 0 < args.duration < math.inf:  # nan fails this too
+        return "--duration must be a positive number of seconds"
+    if not 0 <= args.drain < math.inf:
+        return "--drain must be a number of seconds, 0 or more"
     if not 1 <= args.processes <= args.students:
         return "--processes must be between 1 and --students"
     if not os.environ.get("STREAMSERVER_ADMIN_TOKEN"):

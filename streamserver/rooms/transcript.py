@@ -23,6 +23,16 @@ def finals(events_json: list[str]) -> list[dict]:
     return sorted(seen.values(), key=lambda e: (e["start_ts"], e["end_of_speech_ts"]))
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula (=HYPERLINK(...) as a
+# student's name): such a cell gets a leading apostrophe, which spreadsheets show as text.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(text: str) -> str:
+    """A free-text CSV cell (a name the student chose, a transcript) that no spreadsheet runs."""
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
 
@@ -37,7 +47,7 @@ def render(room: dict, transcripts: list[dict], fmt: str) -> str:
         writer = csv.writer(out)
         writer.writerow(CSV_COLUMNS)
         for t in transcripts:
-            writer.writerow([_iso(t["start_ts"]), _iso(t["end_of_speech_ts"]), t["student_name"], t["student_id"], t["text"],
+            writer.writerow([_iso(t["start_ts"]), _iso(t["end_of_speech_ts"]), _cell(t["student_name"]), t["student_id"], _cell(t["text"]),
                              (t.get("intent") or {}).get("label", ""), t["language"], t["utterance_id"],
                              int(bool(t.get("fallback"))), int(bool(t.get("recovered")))])
         return out.getvalue()

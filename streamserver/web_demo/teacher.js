@@ -48,6 +48,7 @@ const clearAllButton = $('queue-clear-all');
 
 const transcripts = new Set(); // utterance_ids shown: a history replay must not repeat them
 const partials = new Map();    // utterance_id -> its live caption's element, until its final comes
+const captionsEnded = new Set(); // utterance_ids the queue refused: a caption of theirs still in flight is not shown
 const PARTIAL_GONE_MS = 15000; // a caption not updated or finalised this long is dropped (its speech was given up)
 const students = new Map();    // student_id -> <li>
 const counts = new Map();      // intent label (or UNSURE) -> number of transcripts
@@ -198,7 +199,7 @@ function renderTranscript(ev, intent) {
 // A live caption (transcript_partial): shown in place, newer revisions replace it, its final
 // replaces it for good; one that comes after its final, or an older revision, is ignored.
 function showPartial(ev) {
-  if (!ev.utterance_id || transcripts.has(ev.utterance_id)) return;
+  if (!ev.utterance_id || transcripts.has(ev.utterance_id) || captionsEnded.has(ev.utterance_id)) return;
   const old = partials.get(ev.utterance_id);
   if (old && Number(old.dataset.revision) >= ev.revision) return;
   const follow = isNearBottom();
@@ -392,12 +393,30 @@ function noteSource(events) {
   }
 }
 
+// Events after which an utterance's live caption must not stay: its speech had no words after
+// all, was given up, or was refused by the queue (said beside the student's name, not silently).
+const ENDS_CAPTION = new Set(['no_speech', 'utterance_failed', 'utterance_dropped']);
+
+function endCaption(ev) {
+  if (!ev.utterance_id) return;
+  // A result: nothing more comes for it. A refused utterance is not a result (a gateway's own
+  // recognition may still transcribe it): only its caption ends.
+  (ev.type === 'utterance_dropped' ? captionsEnded : transcripts).add(ev.utterance_id);
+  const caption = partials.get(ev.utterance_id);
+  if (caption) {
+    clearTimeout(caption.goneTimer);
+    caption.remove();
+    partials.delete(ev.utterance_id);
+  }
+}
+
 function handle(msg) {
   noteSource(msg.type === 'history' ? (msg.events || []) : [msg]);
   switch (msg.type) {
     case 'history':
       backoffS = 1; // the server is really answering: a later drop starts from 1 s again
       addTranscripts(msg.events || []);
+      for (const ev of msg.events || []) if (ev && ENDS_CAPTION.has(ev.type)) endCaption(ev);
       break;
     case 'roster':
       applyRoster(msg.students || []);
@@ -408,11 +427,10 @@ function handle(msg) {
     case 'transcript_partial':
       showPartial(msg);
       break;
-    case 'no_speech': // its speech had no words after all, or was given up: no caption stays
+    case 'no_speech':
     case 'utterance_failed':
-      transcripts.add(msg.utterance_id);
-      partials.get(msg.utterance_id)?.remove();
-      partials.delete(msg.utterance_id);
+    case 'utterance_dropped':
+      endCaption(msg);
       break;
     case 'student_joined':
     case 'student_left':
