@@ -31,7 +31,7 @@ from benchmarks.scoring import wer  # noqa: E402
 from tests.server_process import ADMIN_TOKEN, ServerProcess  # noqa: E402
 
 FIGURES = ("utterances_sent", "transcripts_received", "lost", "duplicates", "latency_s", "partials_received",
-           "partials_after_final", "partial_first_s", "partial_gap_s", "partial_agreement", "busy_rejections",
+           "partials_after_final", "partial_first_s", "partial_first_from_speech_s", "partial_gap_s", "partial_agreement", "busy_rejections",
            "simulator_max_lag_s")
 
 

@@ -140,7 +140,7 @@ lat, sc = r.get("latency_s", {}), r.get("scenario", {})
 print(json.dumps({k: r.get(k) for k in ("students", "max_students_connected", "utterances_sent", "utterances_queued",
       "transcripts_received", "lost", "lost_vs_queued", "never_queued", "clips_unsent", "duplicates", "join_failures",
       "busy_rejections", "disconnects", "ice_consent_expired", "max_active_speakers", "simulator_max_lag_s", "latency_s",
-      "latency_from_clip_end_s", "partials_received", "partials_after_final", "partial_first_s", "partial_gap_s",
+      "latency_from_clip_end_s", "partials_received", "partials_after_final", "partial_first_s", "partial_first_from_speech_s", "partial_gap_s",
       "partial_agreement", "errors", "cpu")}, indent=1))
 ok = (r.get("max_students_connected", 0) >= r.get("students", 1) and r.get("transcripts_received", 0) > 0
       and r.get("lost") == 0 and r.get("duplicates") == 0 and lat.get("p99") is not None

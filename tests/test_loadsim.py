@@ -113,6 +113,27 @@ def test_live_caption_figures():
                                           "utterances": 1}
 
 
+def test_first_caption_from_the_students_clock():
+    """The first caption also from when the clip's speech left the student (its first frame plus
+    its speech onset): audio that reached the server 1 s late shows in it, not in partial_first_s."""
+    tally = Tally(t0=0.0)
+    tally.speech_left = {"ann": [10.0, 20.0], "bo": [30.0]}
+    events = [("u1", "ann", 10.1, 11.0), ("u2", "ann", 21.0, 22.0), ("u3", "bo", 30.1, 31.0), ("u4", "cy", 5.0, 6.0)]
+    for uid, student, start, arrived in events:
+        tally.feed_event({"type": "transcript_partial", "utterance_id": uid, "student_id": student, "start_ts": start,
+                          "text": "x"}, arrived, False)
+    assert sorted(np.round(tally.partial_first_from_speech(), 3)) == [1.0, 1.0, 2.0]  # u2 reached the server 1 s late; cy: no clip
+    assert tally.partial_stats()["partial_first_s"]["max"] == pytest.approx(1.0)
+
+
+def test_a_clips_speech_onset_is_after_its_quiet_lead_in():
+    from streamserver.loadsim.scenario import speech_onset_s
+
+    rng = np.random.default_rng(0)
+    pcm = np.concatenate([rng.normal(0, 30, 4000), rng.normal(0, 8000, 8000), rng.normal(0, 30, 1600)]).astype("<i2")
+    assert speech_onset_s(pcm) == pytest.approx(0.25)
+    assert speech_onset_s(np.zeros(0, "<i2")) == 0.0
+
 def test_small_class_over_websocket(redis_url, tmp_path):
     """4 students in one room for 20 s (in two processes): every clip sent comes back once, none
     lost, plots drawn."""

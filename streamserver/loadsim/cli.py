@@ -98,7 +98,7 @@ def main(args: argparse.Namespace) -> int:
     summary = {k: result[k] for k in ("utterances_sent", "transcripts_received", "duplicates", "copies", "recovered", "reconnects", "lost", "lost_vs_queued", "never_queued",
                                       "clips_unsent", "join_failures", "busy_rejections", "disconnects", "ice_consent_expired",
                                       "simulator_max_lag_s", "latency_s", "latency_from_clip_end_s", "partials_received",
-                                      "partial_first_s", "partial_gap_s", "partial_agreement")}
+                                      "partial_first_s", "partial_first_from_speech_s", "partial_gap_s", "partial_agreement")}
     print(json.dumps(summary), flush=True)
     print(f"loadsim: clips sent {result['utterances_sent']}, transcripts {result['transcripts_received']}, lost {result['lost']}"
           f" (queued without transcript {_or_dash(result['lost_vs_queued'])}, never queued {_or_dash(result['never_queued'])}),"
@@ -108,7 +108,8 @@ def main(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     first = result["partial_first_s"]
     print(f"loadsim: finals p50 {_or_dash(result['latency_s']['p50'])} s, p99 {_or_dash(result['latency_s']['p99'])} s;"
-          f" live captions {result['partials_received']}, first p50 {_or_dash(first['p50'])} s (from the speech start),"
+          f" live captions {result['partials_received']}, first p50 {_or_dash(first['p50'])} s from the speech's start on the"
+          f" server ({_or_dash(result['partial_first_from_speech_s']['p50'])} s from the student),"
           f" last caption has {_or_dash(result['partial_agreement']['mean'])} of its final's words", file=sys.stderr, flush=True)
     if result["clips_unsent"] or result["simulator_max_lag_s"] > 0.1:
         print("loadsim: warning: the simulator fell behind real time: use --processes, or fewer students per process",

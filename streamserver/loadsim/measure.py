@@ -23,7 +23,9 @@ audio reached the server.
 
 Live captions (transcript_partial): partials_received; partial_first_s, from the utterance's
 speech start (the event's start_ts, the arrival of its first voiced audio) to its first partial on
-the dashboard; partial_gap_s, between successive partials of one utterance as received; and
+the dashboard; partial_first_from_speech_s, the same from when the clip's speech left the student
+(client clock: the clip's first frame plus its speech onset, scenario.speech_onset_s), so that
+audio that reached the server late shows in it; partial_gap_s, between successive partials of one utterance as received; and
 partial_agreement, per utterance with partials, the share of its final's words that its last
 partial has, in order (the longest common subsequence of the two word lists). A partial that
 arrives after its final is counted in partials_after_final (the server should send none).
@@ -43,6 +45,9 @@ COUNTERS = ("join_failures", "busy_rejections", "disconnects", "clips_unsent", "
 # Two transcripts of one student whose speech overlaps this much (of the shorter) are one speech
 # published twice, whatever their utterance ids say: a student never says two things at once.
 COPY_OVERLAP = 0.5
+# The VAD dates an utterance from its first voiced frame, which may be a little before the onset
+# speech_onset_s finds (a soft start under its threshold)
+SPEECH_PAIR_SLACK_S = 0.3
 
 
 @dataclass
@@ -52,6 +57,7 @@ class Tally:
     sent_by_student: Counter = field(default_factory=Counter)
     sent_at: dict[str, list[float]] = field(default_factory=dict)  # student -> when each clip's last audio left (epoch)
     sent_texts: dict[str, list[str]] = field(default_factory=dict)  # student -> what each clip sent says
+    speech_left: dict[str, list[float]] = field(default_factory=dict)  # student -> when each clip's speech began to leave (epoch)
     speaking: set[str] = field(default_factory=set)
     # utterance_id -> (seconds since t0 when the dashboard got it, latency in seconds)
     transcripts: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -79,6 +85,8 @@ class Tally:
     partials_received: int = 0
     partials_after_final: int = 0
     partial_first: dict[str, float] = field(default_factory=dict)  # utterance -> speech start -> first partial (s)
+    # utterance -> (student, its start_ts on the server clock, dashboard arrival of its first partial)
+    partial_first_seen: dict[str, tuple[str, float, float]] = field(default_factory=dict)
     partial_gaps: list[float] = field(default_factory=list)
     # utterance -> (dashboard arrival of its latest partial, that partial's text)
     last_partial: dict[str, tuple[float, str]] = field(default_factory=dict)
@@ -88,8 +96,9 @@ class Tally:
     _last: dict[int, dict] = field(default_factory=dict, repr=False)
 
     # -- what the students do --------------------------------------------------------------
-    def clip_started(self, student_id: str) -> None:
+    def clip_started(self, student_id: str, onset_s: float = 0.0) -> None:
         self.speaking.add(student_id)
+        self.speech_left.setdefault(student_id, []).append(time.time() + onset_s)
 
     def clip_sent(self, student_id: str, text: str = "") -> None:
         self.speaking.discard(student_id)
@@ -115,7 +124,8 @@ class Tally:
     # -- students in other processes -------------------------------------------------------
     def snapshot(self) -> dict:
         """The student side of this tally, cumulative, for the parent process (child.py)."""
-        return {"sent": dict(self.sent_by_student), "sent_at": self.sent_at, "sent_texts": self.sent_texts, "connected": self.connected, "speaking": len(self.speaking),
+        return {"sent": dict(self.sent_by_student), "sent_at": self.sent_at, "sent_texts": self.sent_texts,
+                "speech_left": self.speech_left, "connected": self.connected, "speaking": len(self.speaking),
                 "max_lag_s": self.max_lag_s, "errors": dict(self.errors), **{k: getattr(self, k) for k in COUNTERS}}
 
     def absorb(self, child: int, snap: dict) -> None:
@@ -127,6 +137,7 @@ class Tally:
             self.utterances_sent += new
         self.sent_at.update(snap.get("sent_at", {}))  # each student lives in one child: its whole list
         self.sent_texts.update(snap.get("sent_texts", {}))
+        self.speech_left.update(snap.get("speech_left", {}))
         for key in COUNTERS:
             setattr(self, key, getattr(self, key) + snap[key] - last[key])
         for key, n in snap["errors"].items():
@@ -179,6 +190,7 @@ class Tally:
             return
         if uid not in self.partial_first:
             self.partial_first[uid] = received - float(event["start_ts"])
+            self.partial_first_seen[uid] = (event["student_id"], float(event["start_ts"]), received)
         if uid in self.last_partial:
             self.partial_gaps.append(received - self.last_partial[uid][0])
         self.last_partial[uid] = (received, event.get("text", ""))
@@ -190,11 +202,24 @@ class Tally:
             "partials_after_final": self.partials_after_final,
             "utterances_with_partials": len(self.partial_first),
             "partial_first_s": latency_summary(list(self.partial_first.values())),
+            "partial_first_from_speech_s": latency_summary(self.partial_first_from_speech()),
             "partial_gap_s": latency_summary(self.partial_gaps),
             "partial_agreement": {"mean": round(float(agreement.mean()), 4) if agreement.size else None,
                                   "p10": round(float(np.percentile(agreement, 10)), 4) if agreement.size else None,
                                   "utterances": int(agreement.size)},
         }
+
+    def partial_first_from_speech(self) -> list[float]:
+        """Per utterance with a partial: its first partial's dashboard arrival minus when its
+        clip's speech began to leave the student. The clip is the student's latest whose speech
+        left before the utterance's start reached the server (+ SPEECH_PAIR_SLACK_S: the two
+        clocks are one machine's, or synchronised); a student's clips are >= 1 s apart."""
+        out = []
+        for student, start_ts, received in self.partial_first_seen.values():
+            left = [t for t in self.speech_left.get(student, ()) if t <= start_ts + SPEECH_PAIR_SLACK_S]
+            if left:
+                out.append(received - max(left))
+        return out
 
     # -- results ---------------------------------------------------------------------------
     def lost(self) -> int:

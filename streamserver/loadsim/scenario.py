@@ -27,10 +27,26 @@ class Clip:
     name: str
     pcm: bytes  # little-endian int16 mono 16 kHz, padded with silence to whole frames
     text: str
+    onset_s: float = 0.0  # where its speech starts (speech_onset_s)
 
     @property
     def duration_s(self) -> float:
         return len(self.pcm) / 2 / RATE
+
+
+ONSET_BELOW_PEAK_DB = 30.0  # a 10 ms piece this close to the clip's loudest is speech
+
+
+def speech_onset_s(pcm: np.ndarray) -> float:
+    """Where a clip's speech starts: its first 10 ms piece whose RMS is within ONSET_BELOW_PEAK_DB
+    of the loudest piece's (the clips' lead-in is quiet room tone or silence)."""
+    piece = RATE // 100
+    n = len(pcm) // piece
+    if n == 0:
+        return 0.0
+    rms = np.sqrt((pcm[: n * piece].astype(np.float64).reshape(n, piece) ** 2).mean(axis=1))
+    loud = np.flatnonzero(rms >= rms.max() * 10 ** (-ONSET_BELOW_PEAK_DB / 20))
+    return float(loud[0]) / 100 if loud.size else 0.0
 
 
 @functools.cache
@@ -44,7 +60,7 @@ def load_clips(frame_ms: int = 20) -> tuple[Clip, ...]:
         audio = load_audio(path)
         pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2")
         pcm = np.concatenate([pcm, np.zeros(-len(pcm) % frame, "<i2")])  # whole frames: one clip per frame
-        clips.append(Clip(path.stem, pcm.tobytes(), path.with_suffix(".txt").read_text().strip()))
+        clips.append(Clip(path.stem, pcm.tobytes(), path.with_suffix(".txt").read_text().strip(), speech_onset_s(pcm)))
     if not clips:
         raise FileNotFoundError(f"no speech clips in {CLIPS_DIR}")
     return tuple(clips)

@@ -203,7 +203,7 @@ class Timetable:
             turn = self.turns[self._next]
             if not self._started and media_s > turn.start_s + 1e-6:
                 self._started = True
-                self.hooks.clip_started(self.student_id)
+                self.hooks.clip_started(self.student_id, turn.clip.onset_s)
             if self._started and media_s >= turn.end_s - 1e-6:
                 self._started = False
                 self._next += 1

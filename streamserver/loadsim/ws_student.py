@@ -40,7 +40,7 @@ RECONNECT_S = (0.2, 0.5, 1.0, 2.0)  # waits between attempts (the last repeats)
 class PlayHooks:
     """What the simulator counts while students play (called on the event loop, never blocking)."""
 
-    clip_started: Callable[[str], None] = lambda student_id: None
+    clip_started: Callable[[str, float], None] = lambda student_id, onset_s: None  # its first frame goes out now; its speech onset_s later
     clip_sent: Callable[[str, str], None] = lambda student_id, text: None  # its last frame went out; what it says
     lag: Callable[[float], None] = lambda seconds: None  # how late a frame left (simulator overload)
 
@@ -273,8 +273,9 @@ class Pacer:
 
     async def _send_next(self, s: _Stream) -> bool:
         if not s.clip and s.sent in s.starts:
-            s.clip, s.offset, s.text = s.starts[s.sent].clip.pcm, 0, s.starts[s.sent].clip.text
-            self.hooks.clip_started(s.student.student_id)
+            clip = s.starts[s.sent].clip
+            s.clip, s.offset, s.text = clip.pcm, 0, clip.text
+            self.hooks.clip_started(s.student.student_id, clip.onset_s)
         if s.clip:
             chunk, s.offset = s.clip[s.offset : s.offset + self.frame_bytes], s.offset + self.frame_bytes
         else:
