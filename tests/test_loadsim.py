@@ -118,12 +118,16 @@ def test_first_caption_from_the_students_clock():
     its speech onset): audio that reached the server 1 s late shows in it, not in partial_first_s."""
     tally = Tally(t0=0.0)
     tally.speech_left = {"ann": [10.0, 20.0], "bo": [30.0]}
-    events = [("u1", "ann", 10.1, 11.0), ("u2", "ann", 21.0, 22.0), ("u3", "bo", 30.1, 31.0), ("u4", "cy", 5.0, 6.0)]
+    tally.sent_at = {"ann": [13.0, 24.0], "bo": [33.0]}
+    events = [("u1", "ann", 10.1, 11.0), ("u2", "ann", 21.0, 22.0), ("u3", "bo", 30.1, 31.0), ("u4", "cy", 5.0, 6.0),
+              ("u5", "ann", 22.5, 23.2),  # ann's second clip cut in two by the VAD: counted by its first utterance
+              ("u6", "bo", 40.0, 41.0)]  # after bo's clip ended: not paired with it
     for uid, student, start, arrived in events:
         tally.feed_event({"type": "transcript_partial", "utterance_id": uid, "student_id": student, "start_ts": start,
                           "text": "x"}, arrived, False)
     assert sorted(np.round(tally.partial_first_from_speech(), 3)) == [1.0, 1.0, 2.0]  # u2 reached the server 1 s late; cy: no clip
     assert tally.partial_stats()["partial_first_s"]["max"] == pytest.approx(1.0)
+    assert tally.partial_stats()["partial_first_from_speech_s"]["max"] == pytest.approx(2.0)
 
 
 def test_a_clips_speech_onset_is_after_its_quiet_lead_in():

@@ -405,6 +405,36 @@ def test_a_rider_of_another_language_is_held_for_a_pass_of_its_own(tiny_engine, 
     run(body())
 
 
+def test_held_hints_published_meanwhile_or_captions_turned_off_do_not_ride(tiny_engine, librivox):
+    """What the worker holds is checked again when it is taken: a hint whose final was published
+    meanwhile is dropped, a held partial does not ride once captions are off (auto, a busy
+    engine), and a fresh speculation goes before a held partial."""
+    (_, first, _), (_, second, _) = librivox[1], librivox[4]
+
+    async def body() -> None:
+        queue = MemoryQueue(OrderedPublisher(MemoryBus()))
+        engine = CheapRowsEngine(tiny_engine)
+        worker = AsrWorker(engine, queue, None, max_batch=2, partials="auto")
+        room = "recheck-" + PREFIX
+        final = Utterance(PREFIX + "-recheck-final", room, "s-a", "Ann", "en", first, now() - 3, now())
+        published = replace(hint("recheck-done", "speculative"), room_id=room)
+        held_partial = replace(hint("recheck-partial", "partial", revision=1), room_id=room)
+        fresh = Utterance(PREFIX + "-recheck-spec", room, "s-c", "Cy", "en", second, now() - 3, now(), kind="speculative",
+                          digest=audio_digest(second))
+        worker._hold([published, held_partial])
+        queue._remember_done(published.utterance_id)  # its final was published meanwhile (by another worker)
+        await queue.submit(final)
+        await queue.offer(fresh)
+        riders = await worker._riders(await queue.read(64, 100))  # room for one rider
+        assert [u.utterance_id for _, u in riders] == [fresh.utterance_id]  # speculative first; the published one gone
+        assert list(worker._held_hints) == [held_partial.utterance_id]
+        worker._busy.append((time.monotonic() - 5, time.monotonic(), True))  # busy: captions off (auto)
+        assert not worker.partial_riders()
+        assert await worker._riders(await queue.read(64, 100) or [("x", final)]) == [] and worker._held_hints == {}
+
+    run(body())
+
+
 class OrderQueue(MemoryQueue):
     """A memory queue that notes what the worker published, in order."""
 

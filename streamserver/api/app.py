@@ -83,7 +83,8 @@ def _is_admin(request: web.Request) -> bool:
 
 async def close_room(request: web.Request) -> web.Response:
     """DELETE /api/rooms/<id>, by an admin or the room's teacher (Authorization: Bearer): every
-    session of the room ends and its links stop working, on every gateway."""
+    session of the room ends and its links stop opening it, on every gateway (the teacher's link
+    still exports the class transcript until the link expires: class_transcript)."""
     room = await _room(request)
     if not _is_admin(request):
         given = tokens.bearer(request.headers.get("Authorization"))
@@ -258,7 +259,7 @@ async def class_transcript(request: web.Request) -> web.Response:
     except BusError as error:
         return _error(503, str(error))
     if room is None and not events:
-        return _error(404, "no such room, or its transcript's retention has passed")
+        return _error(404, "no such room, or no transcript of it is kept (none was spoken, or its retention has passed)")
     name = room.name if room is not None else room_id  # a closed room's name is gone with it
     body = transcript.render({"room_id": room_id, "name": name}, transcript.finals(events), fmt)
     filename = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or room_id

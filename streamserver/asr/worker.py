@@ -282,35 +282,47 @@ class AsrWorker:
         room = self.max_batch - len(batch)
         if not self.engine.batch_rows_cheap or room <= 0:
             return []
+        partials = self.partial_riders()
         try:
-            hints = await self.queue.take_hints(room, partials=self.partial_riders())
+            hints = await self.queue.take_hints(room, partials=partials)
         except UNREACHABLE:
             return []
-        # Only those of the batch's languages (another language is an engine call of its own),
-        # and not a final's own hint: a speculation dropped unmarked, its final is recognised as
-        # always; a caption of an utterance whose final is here would come after it.
+        # Only those of the batch's languages (another language is an engine call of its own:
+        # held for later), and not a final's own hint: a speculation dropped unmarked, its final
+        # is recognised as always; a caption of an utterance whose final is here would come after it.
         languages, finals = {u.language for _, u in batch}, {u.utterance_id for _, u in batch}
-        hints = [h for h in self._with_held(hints) if h.utterance_id not in finals]
+        hints = [h for h in await self._with_held(hints, partials) if h.utterance_id not in finals]
         riding = [h for h in hints if h.language in languages][:room]
         taken = {id(h) for h in riding}
         self._hold([h for h in hints if id(h) not in taken])
         return await self._speculating(riding) + [("", u) for u in riding if u.kind == "partial"]
 
     def _hold(self, hints: list[Utterance]) -> None:
-        self._held_hints = {h.utterance_id: h for h in self._with_held(hints)}
-        while len(self._held_hints) > self.max_batch:  # the oldest speech goes first: it is the least worth
-            oldest = min(self._held_hints.values(), key=lambda h: h.end_of_speech_ts)
-            del self._held_hints[oldest.utterance_id]
+        """Hints to recognise later (the holding is empty: _with_held took it): the newest
+        speech, max_batch of them at most; the oldest is the least worth and the nearest to its
+        age limit."""
+        newest = sorted(hints, key=lambda h: h.end_of_speech_ts, reverse=True)[: self.max_batch]
+        self._held_hints = {h.utterance_id: h for h in newest}
 
-    def _with_held(self, hints: list[Utterance]) -> list[Utterance]:
-        """`hints` and the held ones (taken out of holding), the newest revision of each
-        utterance, none older than the queue's HINT_MAX_AGE_S."""
+    async def _with_held(self, hints: list[Utterance], partials: bool) -> list[Utterance]:
+        """`hints` and the held ones, taken out of holding: the newest revision of each utterance,
+        none whose final is published meanwhile or older than the queue's HINT_MAX_AGE_S,
+        partials only if `partials`; in the queue's order, speculative ones first (each saves its
+        final a recognition), then the oldest speech."""
+        held, self._held_hints = self._held_hints, {}
+        if held:
+            try:
+                done = await self.queue.done_of(list(held))
+            except UNREACHABLE:
+                done = set(held)  # not known now: best effort, as hints are
+            held = {uid: h for uid, h in held.items() if uid not in done}
         newest: dict[str, Utterance] = {}
-        for h in [*self._held_hints.values(), *hints]:
+        for h in [*held.values(), *hints]:
             if h.utterance_id not in newest or h.revision >= newest[h.utterance_id].revision:
                 newest[h.utterance_id] = h
-        self._held_hints = {}
-        return [h for h in newest.values() if now() - h.end_of_speech_ts <= HINT_MAX_AGE_S]
+        fresh = [h for h in newest.values()
+                 if now() - h.end_of_speech_ts <= HINT_MAX_AGE_S and (partials or h.kind == "speculative")]
+        return sorted(fresh, key=lambda h: (h.kind != "speculative", h.end_of_speech_ts))
 
     async def _speculating(self, hints: list[Utterance]) -> list[Entry]:
         """Speculative hints about to be recognised, marked so: their finals, if they come
@@ -385,7 +397,10 @@ class AsrWorker:
             hints = await self.queue.take_hints(self.hint_batch_size(), partials)
         except UNREACHABLE:
             hints = []
-        hints = [h for h in self._with_held(hints) if partials or h.kind == "speculative"]
+        hints = await self._with_held(hints, partials)
+        size = self.hint_batch_size()  # a final arriving meanwhile waits for this pass
+        self._hold(hints[size:])
+        hints = hints[:size]
         self._hints_waiting = bool(hints)
         speculative = await self._speculating(hints)
         if speculative:

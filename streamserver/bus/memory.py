@@ -11,6 +11,7 @@ from typing import AsyncIterator, Callable
 from streamserver.bus.keys import TRANSCRIPT_RETENTION_S, is_final_transcript
 
 log = logging.getLogger(__name__)
+PRUNE_EVERY_S = 60.0  # old class transcripts are looked for at most this often
 
 class MemoryBus:
     def __init__(self, history_len: int = 500, max_lag: int = 1000, transcript_retention_s: float = TRANSCRIPT_RETENTION_S,
@@ -26,6 +27,7 @@ class MemoryBus:
         self._transcripts: dict[str, list[str]] = {}
         self._last_final: dict[str, float] = {}
         self._retention_s, self._clock = transcript_retention_s, clock
+        self._next_prune = clock()
         self._closed = False
 
     async def publish(self, room_id: str, event_json: str, keep: bool = True) -> None:
@@ -132,7 +134,11 @@ class MemoryBus:
         return list(self._transcripts.get(room_id, ()))
 
     def _forget_old_transcripts(self) -> None:
-        horizon = self._clock() - self._retention_s
+        now = self._clock()
+        if now < self._next_prune:  # a walk over every room: not at every final
+            return
+        self._next_prune = now + min(PRUNE_EVERY_S, self._retention_s / 10)
+        horizon = now - self._retention_s
         for room_id in [r for r, at in self._last_final.items() if at < horizon]:
             del self._transcripts[room_id], self._last_final[room_id]
 

@@ -210,16 +210,23 @@ class Tally:
         }
 
     def partial_first_from_speech(self) -> list[float]:
-        """Per utterance with a partial: its first partial's dashboard arrival minus when its
-        clip's speech began to leave the student. The clip is the student's latest whose speech
-        left before the utterance's start reached the server (+ SPEECH_PAIR_SLACK_S: the two
-        clocks are one machine's, or synchronised); a student's clips are >= 1 s apart."""
-        out = []
+        """Per clip with a caption: its first caption's dashboard arrival minus when the clip's
+        speech began to leave the student. An utterance belongs to the student's latest clip
+        whose speech left before the utterance's start reached the server (+ SPEECH_PAIR_SLACK_S:
+        the two clocks are one machine's, or synchronised), if it started before that clip ended;
+        a clip the VAD cut in two counts once, by its first utterance."""
+        first: dict[tuple[str, float], tuple[float, float]] = {}  # (student, speech left) -> (start_ts, first caption)
         for student, start_ts, received in self.partial_first_seen.values():
             left = [t for t in self.speech_left.get(student, ()) if t <= start_ts + SPEECH_PAIR_SLACK_S]
-            if left:
-                out.append(received - max(left))
-        return out
+            if not left:
+                continue
+            clip = max(left)
+            ended = min((t for t in self.sent_at.get(student, ()) if t >= clip), default=float("inf"))
+            if start_ts > ended + SPEECH_PAIR_SLACK_S:
+                continue  # after that clip: speech the simulator did not plan (or a clip it lost)
+            if (student, clip) not in first or start_ts < first[(student, clip)][0]:
+                first[(student, clip)] = (start_ts, received - clip)
+        return [seconds for _, seconds in first.values()]
 
     # -- results ---------------------------------------------------------------------------
     def lost(self) -> int:

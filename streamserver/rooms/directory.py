@@ -16,7 +16,8 @@ CLOSED = "closed"
 
 
 class RoomClosed(Exception):
-    """The room was closed by its teacher or an admin: its links no longer open anything."""
+    """The room was closed by its teacher or an admin: its links no longer open the class (the
+    teacher's still exports its transcript until it expires: api/app.py class_transcript)."""
 
 
 class RoomDirectory:

@@ -394,20 +394,33 @@ function noteSource(events) {
 }
 
 // Events after which an utterance's live caption must not stay: its speech had no words after
-// all, was given up, or was refused by the queue (said beside the student's name, not silently).
+// all, was given up, or was refused by the queue (which the feed then says, not silently).
 const ENDS_CAPTION = new Set(['no_speech', 'utterance_failed', 'utterance_dropped']);
 
 function endCaption(ev) {
   if (!ev.utterance_id) return;
   // A result: nothing more comes for it. A refused utterance is not a result (a gateway's own
   // recognition may still transcribe it): only its caption ends.
-  (ev.type === 'utterance_dropped' ? captionsEnded : transcripts).add(ev.utterance_id);
+  const dropped = ev.type === 'utterance_dropped';
+  if (dropped && !captionsEnded.has(ev.utterance_id) && !transcripts.has(ev.utterance_id)) showDropped(ev);
+  (dropped ? captionsEnded : transcripts).add(ev.utterance_id);
   const caption = partials.get(ev.utterance_id);
   if (caption) {
     clearTimeout(caption.goneTimer);
     caption.remove();
     partials.delete(ev.utterance_id);
   }
+}
+
+// Speech the server could not take (its recognition queue was full for the student, the room or
+// everyone): a line in the feed where it was said, so that the teacher knows words are missing.
+function showDropped(ev) {
+  const name = partials.get(ev.utterance_id)?.dataset.studentName ?? students.get(ev.student_id)?.dataset.studentName ?? 'A student';
+  const item = el('li', 'dropped');
+  item.dataset.utteranceId = ev.utterance_id;
+  item.dataset.spokenTs = spokenTs(ev);
+  item.append(el('span', 'name', name), el('span', 'why', ` was not transcribed: the server was too busy (${ev.reason || 'queue full'})`));
+  insertInOrder(feed, item, spokenTs(ev));
 }
 
 function handle(msg) {
