@@ -55,7 +55,7 @@ def test_plan_track_sends_the_plan_as_opus():
         drawn["length"], drawn["turns"] = length_s, plan_turns(clips, length_s, 0.3, rng)
         return drawn["turns"]
 
-    hooks = PlayHooks(lambda s: counted.append(("started", s)), lambda s, _text: counted.append(("sent", s)))
+    hooks = PlayHooks(lambda s, _onset: counted.append(("started", s)), lambda s, _text: counted.append(("sent", s)))
     encoded_clips()  # encoded once per process, before the clock starts
     track = OpusPlanTrack(InstantClock(), planner, time.time() + 40, hooks, lead_s=0.5)
     track.student_id = "s1"
@@ -177,7 +177,7 @@ def test_fast_rtp_delivers_the_plan_to_the_server_as_aiortcs_sender_would():
 
     async def body() -> tuple[OpusPlanTrack, dict]:
         webrtc.use_host_addresses(["127.0.0.1"])
-        track = OpusPlanTrack(PacketClock(), planner, time.time() + 6, PlayHooks(lambda s: None, lambda s, _text: None), lead_s=0.5)
+        track = OpusPlanTrack(PacketClock(), planner, time.time() + 6, PlayHooks(lambda s, _onset: None, lambda s, _text: None), lead_s=0.5)
         client = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         client.addTrack(track)
         track.bind(client)
