@@ -204,10 +204,11 @@ def test_reconnect_replaces_the_old_stream(server):
                 again = ingest_url(server, room, "Rey", extra={"student_id": first["student_id"], "resume": first["resume"]})
                 async with s.ws_connect(again) as new:
                     assert (await new.receive_json(timeout=10))["student_id"] == first["student_id"]
-                    try:  # the old stream learns it at its next audio, unless the server told it already
-                        await old.send_bytes(bytes(640))
-                    except aiohttp.ClientConnectionResetError:  # told and closing: its message is still to read
-                        pass
+                    # The join tells the old stream before the new one is ready, so it needs to send
+                    # nothing to learn it. (It used to send audio here first: that raced the close,
+                    # and a write to the closed socket could cost the close frame, 1006 for 4001: CI
+                    # at c84d207, and once in an earlier session. aiohttp closes the transport at once
+                    # when the close comes from another task than the stream's own receive loop.)
                     assert "replaced" in (await old.receive_json(timeout=10))["error"]
                     await old.receive(timeout=10)
                     assert old.close_code == 4001
