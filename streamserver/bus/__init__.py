@@ -60,11 +60,11 @@ class Bus(Protocol):
 
 def create_bus(redis_url: str | None, history_len: int = 500, ca_file: str | None = None,
                transcript_retention_s: int | None = None) -> Bus:
+    extra = {"transcript_retention_s": transcript_retention_s} if transcript_retention_s is not None else {}
     if redis_url:
         from streamserver.bus.redis import RedisBus
 
-        extra = {"transcript_retention_s": transcript_retention_s} if transcript_retention_s is not None else {}
         return RedisBus(redis_url, history_len, ca_file=ca_file, **extra)
     from streamserver.bus.memory import MemoryBus
 
-    return MemoryBus(history_len, **({"transcript_retention_s": transcript_retention_s} if transcript_retention_s is not None else {}))
+    return MemoryBus(history_len, **extra)

@@ -84,9 +84,8 @@ class Tally:
     errors: Counter = field(default_factory=Counter)
     partials_received: int = 0
     partials_after_final: int = 0
-    partial_first: dict[str, float] = field(default_factory=dict)  # utterance -> speech start -> first partial (s)
     # utterance -> (student, its start_ts on the server clock, dashboard arrival of its first partial)
-    partial_first_seen: dict[str, tuple[str, float, float]] = field(default_factory=dict)
+    partial_first: dict[str, tuple[str, float, float]] = field(default_factory=dict)
     partial_gaps: list[float] = field(default_factory=list)
     # utterance -> (dashboard arrival of its latest partial, that partial's text)
     last_partial: dict[str, tuple[float, str]] = field(default_factory=dict)
@@ -189,8 +188,7 @@ class Tally:
             self.partials_after_final += 1
             return
         if uid not in self.partial_first:
-            self.partial_first[uid] = received - float(event["start_ts"])
-            self.partial_first_seen[uid] = (event["student_id"], float(event["start_ts"]), received)
+            self.partial_first[uid] = (event["student_id"], float(event["start_ts"]), received)
         if uid in self.last_partial:
             self.partial_gaps.append(received - self.last_partial[uid][0])
         self.last_partial[uid] = (received, event.get("text", ""))
@@ -201,13 +199,17 @@ class Tally:
             "partials_received": self.partials_received,
             "partials_after_final": self.partials_after_final,
             "utterances_with_partials": len(self.partial_first),
-            "partial_first_s": latency_summary(list(self.partial_first.values())),
+            "partial_first_s": latency_summary(self.partial_first_seconds()),
             "partial_first_from_speech_s": latency_summary(self.partial_first_from_speech()),
             "partial_gap_s": latency_summary(self.partial_gaps),
             "partial_agreement": {"mean": round(float(agreement.mean()), 4) if agreement.size else None,
                                   "p10": round(float(np.percentile(agreement, 10)), 4) if agreement.size else None,
                                   "utterances": int(agreement.size)},
         }
+
+    def partial_first_seconds(self) -> list[float]:
+        """Per utterance with a caption: its speech start (start_ts) -> its first caption on the dashboard."""
+        return [received - start_ts for _, start_ts, received in self.partial_first.values()]
 
     def partial_first_from_speech(self) -> list[float]:
         """Per clip with a caption: its first caption's dashboard arrival minus when the clip's
@@ -216,7 +218,7 @@ class Tally:
         the two clocks are one machine's, or synchronised), if it started before that clip ended;
         a clip the VAD cut in two counts once, by its first utterance."""
         first: dict[tuple[str, float], tuple[float, float]] = {}  # (student, speech left) -> (start_ts, first caption)
-        for student, start_ts, received in self.partial_first_seen.values():
+        for student, start_ts, received in self.partial_first.values():
             left = [t for t in self.speech_left.get(student, ()) if t <= start_ts + SPEECH_PAIR_SLACK_S]
             if not left:
                 continue

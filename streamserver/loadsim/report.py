@@ -116,7 +116,7 @@ def _plots(folder: Path, report: dict[str, Any], tally: Tally) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     series = (("final: end of speech -> dashboard", lat), ("first live caption: speech start -> dashboard",
-              np.asarray(list(tally.partial_first.values()))), ("between live captions", np.asarray(tally.partial_gaps)))
+              np.asarray(tally.partial_first_seconds())), ("between live captions", np.asarray(tally.partial_gaps)))
     for label, values in series:
         if values.size:
             ax.step(np.sort(values), np.arange(1, values.size + 1) / values.size, where="post",
