@@ -204,11 +204,8 @@ def test_reconnect_replaces_the_old_stream(server):
                 again = ingest_url(server, room, "Rey", extra={"student_id": first["student_id"], "resume": first["resume"]})
                 async with s.ws_connect(again) as new:
                     assert (await new.receive_json(timeout=10))["student_id"] == first["student_id"]
-                    # The join tells the old stream before the new one is ready, so it needs to send
-                    # nothing to learn it. (It used to send audio here first: that raced the close,
-                    # and a write to the closed socket could cost the close frame, 1006 for 4001: CI
-                    # at c84d207, and once in an earlier session. aiohttp closes the transport at once
-                    # when the close comes from another task than the stream's own receive loop.)
+                    # A silent old stream is told too (after ws_ingest.Ender's wait); one that keeps
+                    # sending: the next test.
                     assert "replaced" in (await old.receive_json(timeout=10))["error"]
                     await old.receive(timeout=10)
                     assert old.close_code == 4001
@@ -216,3 +213,43 @@ def test_reconnect_replaces_the_old_stream(server):
                     assert not new.closed
 
     asyncio.run(scenario())
+
+
+def test_a_replaced_stream_that_keeps_sending_still_reads_why(server):
+    """Two tabs of one student, both sending: the older tab must learn it was replaced (its
+    notice, then close code 4001), or its page takes the close for a broken network and connects
+    again, replacing the newer tab in turn. The old stream sends 20 ms frames all along, so the
+    server's close meets audio it has not read: closed from outside the stream's reader, aiohttp
+    dropped the connection at once and the kernel's reset could cost the client the close frame
+    (1006). Ten takeovers in a row, each must end in 4001."""
+
+    async def keep_sending(ws: aiohttp.ClientWebSocketResponse) -> None:
+        while not ws.closed:
+            try:
+                await ws.send_bytes(bytes(640))
+            except (ConnectionError, RuntimeError):  # closing under us: the test reads why
+                return
+            await asyncio.sleep(0.02)
+
+    async def scenario() -> list[int | None]:
+        codes: list[int | None] = []
+        async with aiohttp.ClientSession() as s:
+            room = await create_room(s, server.url, ADMIN_TOKEN, "two-tabs")
+            old = await s.ws_connect(ingest_url(server, room, "Tab"))
+            first = await old.receive_json(timeout=10)
+            again = ingest_url(server, room, "Tab", extra={"student_id": first["student_id"], "resume": first["resume"]})
+            for _ in range(10):
+                sender = asyncio.create_task(keep_sending(old))
+                await asyncio.sleep(0.2)  # the old tab's audio is flowing
+                new = await s.ws_connect(again)
+                assert (await new.receive_json(timeout=10))["student_id"] == first["student_id"]
+                notice = await old.receive(timeout=10)
+                assert notice.type == aiohttp.WSMsgType.TEXT and "replaced" in json.loads(notice.data)["error"], notice
+                await old.receive(timeout=10)
+                codes.append(old.close_code)
+                await sender
+                old = new
+            await old.close()
+        return codes
+
+    assert asyncio.run(scenario()) == [4001] * 10

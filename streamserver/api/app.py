@@ -209,8 +209,9 @@ async def ingest(request: web.Request) -> web.StreamResponse:
     student = identify(classroom.settings.secret, room.room_id, request.query.get("student_id"), request.query.get("resume"))
     student_id = student.student_id
     catch_up = request.query.get("catch_up") == "1"  # a client that keeps its audio sends it again
+    end = ws_ingest.Ender(ws)
     try:
-        audio = await classroom.open_stream(room, student_id, name, request.remote or "", ws_ingest.ender(ws), claim.limits,
+        audio = await classroom.open_stream(room, student_id, name, request.remote or "", end, claim.limits,
                                             ws.send_json, catch_up)
     except (RoomFull, TooManyFromAddress) as error:
         return _error(429, str(error))
@@ -227,7 +228,7 @@ async def ingest(request: web.Request) -> web.StreamResponse:
                 classroom.spawn(classroom.recall_spoken(room, student_id, times["clock"]))
 
         return await ws_ingest.serve(request, ws, identity, audio.push_pcm16,
-                                     lambda: classroom.is_current(room, student_id, audio), keep)
+                                     lambda: classroom.is_current(room, student_id, audio), keep, end)
     finally:
         audio.said_bye = ws_ingest.said_goodbye(ws)
         classroom.close_stream(room, student_id, audio)  # flushes the last utterance (or keeps it for the client)

@@ -22,8 +22,11 @@ stream's audio so far is flushed as usual, and the room keeps serving everyone e
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
+import time
 from typing import Awaitable, Callable
 
 import av
@@ -124,15 +127,20 @@ Keep = Callable[[dict], None]
 
 async def serve(
     request: web.Request, ws: web.WebSocketResponse, identity: dict[str, str], push: Callable[[np.ndarray], None],
-    current: Callable[[], bool], keep: Keep = lambda _times: None,
+    current: Callable[[], bool], keep: Keep = lambda _times: None, end: Ender | None = None,
 ) -> web.WebSocketResponse:
     """Run one student's stream until either side closes: decoded 16 kHz PCM goes to `push`
     while `current()` says this stream is still the student's (a reconnect replaces it).
     `identity` (room_id, student_id, resume) goes into the ready message; `keep` gets the
-    stream times of a client that keeps its audio. The caller has checked the token, seated the
-    student and ends the stream afterwards."""
+    stream times of a client that keeps its audio; `end`, the stream's Ender, if the server may
+    end it from outside. The caller has checked the token, seated the student and ends the stream
+    afterwards."""
     await ws.prepare(request)
-    await _stream(ws, identity, push, current, keep)
+    end = end or Ender(ws)
+    try:
+        await _stream(ws, identity, push, current, keep, end)
+    finally:
+        end.taken.set()
     return ws
 
 
@@ -143,7 +151,7 @@ def said_goodbye(ws: web.WebSocketResponse) -> bool:
 
 async def _stream(
     ws: web.WebSocketResponse, identity: dict[str, str], push: Callable[[np.ndarray], None], current: Callable[[], bool],
-    keep: Keep,
+    keep: Keep, end: Ender,
 ) -> None:
     room_id, student_id = identity["room_id"], identity["student_id"]
     await ws.send_json({"type": "ready", **identity, "sample_rate": RATE, "format": "pcm16"})
@@ -151,6 +159,11 @@ async def _stream(
     first = True
     try:
         async for message in ws:
+            if end.why is not None:  # the server ends it: closed from here, the reader (see Ender)
+                end.taken.set()
+                await _close(ws, *end.why)
+                return
+            end.heard = time.monotonic()
             if not current():
                 await _close(ws, "replaced by a newer connection of this student", CLOSE_REPLACED)
                 return
@@ -180,14 +193,38 @@ async def _stream(
         await _close(ws, "internal error", WSCloseCode.INTERNAL_ERROR)
 
 
-def ender(ws: web.WebSocketResponse) -> Callable[[str, int], Awaitable[None]]:
-    """How the server ends this stream from outside (the room closed): a reason, then a close."""
+class Ender:
+    """How the server ends a stream from outside (a reconnect replaced it, the room closed, the
+    server stops): a reason, then a close. aiohttp's close() from another task, while the
+    stream's reader waits in receive(), drops the connection as soon as its close frame is out,
+    without reading what the client has sent meanwhile: a client whose audio is still arriving
+    then gets a reset, may lose our close frame and sees 1006 in place of our code (a replaced
+    tab that takes it for a network break reconnects, and replaces the newer tab in turn).
+    Closed by the reader itself, close() reads up to the client's close frame first. So a stream
+    heard from within SENDING_S is left to its reader, which closes it at its next message; a
+    silent one (a dead link, an idle client) is closed from here at once, as is one whose reader
+    has not taken it within HANDOFF_S."""
 
-    async def end(reason: str, code: int) -> None:
-        if ws.prepared and not ws.closed:
-            await _close(ws, reason, code)
+    SENDING_S = 0.25  # a live audio client sends every 20-100 ms
+    HANDOFF_S = 1.0
 
-    return end
+    def __init__(self, ws: web.WebSocketResponse) -> None:
+        self.ws = ws
+        self.why: tuple[str, int] | None = None
+        self.heard = -math.inf  # time.monotonic() of the client's last message
+        self.taken = asyncio.Event()  # the reader has it (or has ended)
+
+    async def __call__(self, reason: str, code: int) -> None:
+        if not self.ws.prepared or self.ws.closed:
+            return
+        if time.monotonic() - self.heard < self.SENDING_S:
+            self.why = (reason, code)
+            try:
+                await asyncio.wait_for(self.taken.wait(), self.HANDOFF_S)
+            except TimeoutError:
+                pass
+        if not self.ws.closed:
+            await _close(self.ws, reason, code)
 
 
 async def _close(ws: web.WebSocketResponse, reason: str, code: int) -> None:
