@@ -22,6 +22,8 @@
 #   PROFILE=1: py-spy samples gateway-0 and worker-0 for the middle third (their stacks in the logs);
 #   PROFILE_FROM=0 with it: the first third (a fresh machine's first run has its slow batches there)
 #   NO_AOF=1: Redis without its append-only file (a diagnosis of what the AOF costs)
+#   PRETOUCH_GIB=N: before the run, write every page of N GiB at once, then free them (a diagnosis: does
+#   a fresh virtual machine's first touch of its memory make a lease's first run slow?)
 # A tiny form runs on the 2-core dev machine (INSTALL=no: its .venv has everything):
 #   OUT=/tmp/tiny INSTALL=no PYTHON=.venv/bin/python STUDENTS=40 DURATION=20 ROOMS=4 GATEWAYS=2 PROCESSES=2 \
 #       BACKEND=onnxruntime THREADS=2 MAX_BATCH=16 bash benchmarks/scaleout_device.sh
@@ -114,6 +116,15 @@ say "ulimit -n $(ulimit -n); $STUDENTS students, $ROOMS rooms, $GATEWAYS gateway
     "$WORKERS x $BACKEND $MODEL worker, speak ratio $SPEAK_RATIO, ${DURATION}s, VAD hangover ${HANGOVER_MS} ms"
 rm -rf "$LOGS" "$OUT/$NAME"
 export STREAMSERVER_ADMIN_TOKEN=${STREAMSERVER_ADMIN_TOKEN:-scaleout-device} PYTHONUNBUFFERED=1
+if [ -n "${PRETOUCH_GIB:-}" ]; then
+    say "touching ${PRETOUCH_GIB} GiB of memory once (PRETOUCH_GIB)"
+    "$PYTHON" -c "
+import numpy as np, sys, time
+t = time.monotonic()
+held = [np.ones(1 << 27) for _ in range(int(sys.argv[1]))]  # 1 GiB of float64 each, every page written
+del held  # all held at once (so that they are different pages), then given back
+print(f'  {sys.argv[1]} GiB touched in {time.monotonic() - t:.1f} s')" "$PRETOUCH_GIB"
+fi
 if [ "${PROFILE:-0}" = 1 ]; then  # py-spy samples gateway-0 and worker-0 (the payload's py-spy wheel)
     for b in "$SITE/bin/py-spy" "$(command -v py-spy)"; do [ -x "$b" ] && export SCALEOUT_PYSPY=$b && break; done
     [ -n "${PROFILE_FROM:-}" ] && export SCALEOUT_PYSPY_FROM=$PROFILE_FROM

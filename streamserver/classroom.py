@@ -9,6 +9,7 @@ speaking); seats, room lookup, publishing and metrics are the jobs of the parts 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 ROOM_WATCH_S = 2.0  # how soon a room closed through another process ends here
 KEEP_EVERY_ROUNDS = 15  # a room in use renews its record every 30 s
 PARKED_S = 30.0  # a page that keeps its audio has this long to come back before its last speech is flushed
+PEER_TOLD_S = 0.5  # a page's "ended" message has this long to get out before its peer closes
 RECALL_EVENTS = 500  # of the room's history, read for what a catching-up student had published
 
 
@@ -51,7 +53,7 @@ class Background(Protocol):
 
 
 # Ends a transport from the server's side, telling the client why (a WebSocket close code; a
-# WebRTC peer just closes).
+# WebRTC page on its recovery channel, when it has one).
 End = Callable[[str, int], Awaitable[None]]
 
 
@@ -264,10 +266,30 @@ class Classroom:
             elif key not in self.connections:  # a reconnect whose old peer is already closed
                 asyncio.get_running_loop().create_task(self._left(room, student_id))
             raise
-        self.connections[key] = Connection(lambda _reason, _code: pc.close(), audio, address)
+        connection = Connection(lambda _reason, _code: pc.close(), audio, address)
+        connection.end = functools.partial(self._end_peer, pc, connection)
+        self.connections[key] = connection
         if new:
             await self._student_event(room, student_id, "student_joined")
         return answer_sdp
+
+    async def _end_peer(self, pc, connection: Connection, reason: str, code: int) -> None:  # noqa: ANN001 - aiortc's RTCPeerConnection
+        """A student's WebRTC peer ended from the server's side. A page told on its recovery
+        channel that it was replaced or that its room closed stops there (recovery.py, "ended");
+        told nothing, it takes the closed peer for a network break and connects again, and a
+        duplicated tab (the same identity: a browser copies a tab's sessionStorage) would take
+        the seat back, then the other tab, and so on. The peer closes PEER_TOLD_S later, in the
+        background: closed at once, SCTP drops what it has not sent."""
+        if connection.tell is None or code not in (CLOSE_REPLACED, CLOSE_ROOM_CLOSED):
+            await pc.close()
+            return
+        await connection.tell({"type": "ended", "code": code, "error": reason})
+
+        async def close_later() -> None:
+            await asyncio.sleep(PEER_TOLD_S)
+            await pc.close()
+
+        self.spawn(close_later())
 
     async def open_stream(self, room: Room, student_id: str, name: str, address: str, end: End,
                           limits: AddressLimits = AddressLimits(), tell: Tell | None = None,

@@ -119,3 +119,43 @@ def test_browser_student_to_teacher_dashboard_through_redis(redis_url, tmp_path,
     assert [e["student_name"] for e in in_redis] == ["Alice"] * len(in_redis) and len(in_redis) == len(texts)
     for event in in_redis:  # every transcript carries its intent: a label (or null) and a score
         assert set(event["intent"]) == {"label", "score"} and 0.0 <= event["intent"]["score"] <= 1.0
+
+
+def test_a_duplicated_tab_stops_the_older_one_instead_of_fighting_for_the_seat(tmp_path, librivox):
+    """A browser copies a tab's sessionStorage into its duplicate, so both tabs hold the same
+    student identity: the newer one's join replaces the older one's peer. The older page is told
+    why on its recovery channel and stops with a message; before, it took the closed peer for a
+    network break, reconnected, replaced the newer tab, and so on, every few seconds."""
+    from playwright.sync_api import sync_playwright
+
+    audio = librivox[0][1]
+    mic = speech_file(tmp_path / "speech.wav", np.concatenate([audio, np.zeros(40 * 16000, np.float32)]))
+    with ServerProcess() as server:
+        async def make_room() -> dict:
+            async with aiohttp.ClientSession() as s:
+                return await create_room(s, server.url, ADMIN_TOKEN, "two tabs")
+
+        room = asyncio.run(make_room())
+        with sync_playwright() as p:
+            browser = p.chromium.launch_persistent_context(
+                str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=_chromium_flags(mic)
+            )
+            first, second = browser.new_page(), browser.new_page()
+            first.goto(room["student_url"] + "&name=Tess")
+            first.click("#join")
+            first.locator("#status", has_text="connected").wait_for(timeout=20000)
+            key = f"streamserver:identity:{room['room_id']}"
+            identity = first.evaluate("k => sessionStorage.getItem(k)", key)
+            assert identity, "the page keeps its identity in sessionStorage"
+            second.goto(room["student_url"] + "&name=Tess")
+            second.evaluate("([k, v]) => sessionStorage.setItem(k, v)", [key, identity])  # what "Duplicate tab" does
+            second.click("#join")
+            second.locator("#status", has_text="connected").wait_for(timeout=20000)
+            first.locator("#status", has_text="another tab").wait_for(timeout=10000)
+            time.sleep(8)  # longer than the older page's first reconnect would have waited (1 s, then 2, 4)
+            older, newer = first.text_content("#status"), second.text_content("#status")
+            browser.close()
+    assert "another tab" in older, older
+    assert "connected" in newer and "reconnect" not in newer, newer
+    ended = [line for line in server.log.read_text().splitlines() if "WebRTC audio stream ended" in line]
+    assert len(ended) <= 2, ended  # the older tab's peer once, the newer's at the browser's close: no fight

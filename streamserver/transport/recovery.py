@@ -16,6 +16,10 @@ server -> page:
   {"type": "ack", "t": A, "ts": S} every ACK_EVERY_S: the page's audio before A is safe (in a
                                   published transcript, or not speech); also the page's heartbeat
   {"type": "error", "error": why} a message it cannot use (the channel closes after it)
+  {"type": "ended", "code": C, "error": why}  the server ended this connection for good: C is
+                                  the WebSocket ingest's close code (4001: the student connected
+                                  again elsewhere, e.g. a duplicated tab; 4003: the room closed);
+                                  the page stops instead of reconnecting
 A catch-up is paced as any stream (audio/pacing.py, up to 1.5x real time), counted apart from the
 live audio it runs beside.
 """

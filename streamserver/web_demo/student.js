@@ -17,6 +17,8 @@ const RATE = 16000;
 const MARK_EVERY_MS = 250;
 const MARKS_FAST = 8;
 const MARK_LATER_MS = 5000;
+const ENDED_REPLACED = 4001;    // "ended" on the recovery channel: connected again elsewhere
+const ENDED_ROOM_CLOSED = 4003; // ... or the room was closed (the WebSocket ingest's close codes)
 const HEARTBEAT_MS = 2000;    // no ack this long: the server is gone, reconnect
 const CATCH_UP_RATE = 1.25;   // x real time; the server accepts up to 1.5x
 const CATCH_UP_PIECE_S = 0.1;
@@ -147,6 +149,11 @@ function onRecoveryMessage(s, pc, channel, data, stale) {
     sendCatchUp(s, channel, s.catchUpFrom, msg.t, stale);
   } else if (msg.type === 'error') {
     console.warn('recovery channel:', msg.error);
+  } else if (msg.type === 'ended' && msg.code === ENDED_REPLACED) {
+    // Reconnecting would take the seat back from the other tab, and it from this one, and so on.
+    stop(s, 'You joined this class again in another tab or window, so this one has stopped. Press Join to speak from here instead.', 'error');
+  } else if (msg.type === 'ended' && msg.code === ENDED_ROOM_CLOSED) {
+    stop(s, 'The teacher has closed this class.', 'error');
   }
 }
 
