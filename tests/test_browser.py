@@ -32,6 +32,21 @@ def _chromium_flags(fake_mic: Path) -> list[str]:
     ]
 
 
+def _make_room(server: ServerProcess, name: str) -> dict:
+    async def make() -> dict:
+        async with aiohttp.ClientSession() as s:
+            return await create_room(s, server.url, ADMIN_TOKEN, name)
+
+    return asyncio.run(make())
+
+
+def _launch(playwright, tmp_path: Path, mic: Path):  # noqa: ANN001, ANN202 - Playwright's own types
+    """Debian's Chromium with a fake microphone playing `mic` once."""
+    return playwright.chromium.launch_persistent_context(
+        str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=_chromium_flags(mic)
+    )
+
+
 def test_browser_student_to_teacher_dashboard_through_redis(redis_url, tmp_path, librivox):
     from playwright.sync_api import sync_playwright
 
@@ -44,15 +59,9 @@ def test_browser_student_to_teacher_dashboard_through_redis(redis_url, tmp_path,
     reference = " ".join(r for _, r in clips)
 
     with ServerProcess("--redis-url", redis_url) as server:
-        async def make_room() -> dict:
-            async with aiohttp.ClientSession() as s:
-                return await create_room(s, server.url, ADMIN_TOKEN, "Year 7 science")
-
-        room = asyncio.run(make_room())
+        room = _make_room(server, "Year 7 science")
         with sync_playwright() as p:
-            browser = p.chromium.launch_persistent_context(
-                str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=_chromium_flags(mic)
-            )
+            browser = _launch(p, tmp_path, mic)
             # The pages run under the server's CSP (no eval: Playwright's string predicates would
             # break it, so the waits use locators); nothing may violate it, and no request of
             # theirs may carry a Referer (the links' tokens live in the fragment anyway).
@@ -131,15 +140,9 @@ def test_a_duplicated_tab_stops_the_older_one_instead_of_fighting_for_the_seat(t
     audio = librivox[0][1]
     mic = speech_file(tmp_path / "speech.wav", np.concatenate([audio, np.zeros(40 * 16000, np.float32)]))
     with ServerProcess() as server:
-        async def make_room() -> dict:
-            async with aiohttp.ClientSession() as s:
-                return await create_room(s, server.url, ADMIN_TOKEN, "two tabs")
-
-        room = asyncio.run(make_room())
+        room = _make_room(server, "two tabs")
         with sync_playwright() as p:
-            browser = p.chromium.launch_persistent_context(
-                str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=_chromium_flags(mic)
-            )
+            browser = _launch(p, tmp_path, mic)
             first, second = browser.new_page(), browser.new_page()
             first.goto(room["student_url"] + "&name=Tess")
             first.click("#join")
