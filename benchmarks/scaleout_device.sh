@@ -24,6 +24,10 @@
 #   NO_AOF=1: Redis without its append-only file (a diagnosis of what the AOF costs)
 #   PRETOUCH_GIB=N: before the run, write every page of N GiB at once, then free them (a diagnosis: does
 #   a fresh virtual machine's first touch of its memory make a lease's first run slow?)
+#   WARM_LIBS=1: before the run, read torch's and CUDA's shared libraries once (a diagnosis: CUDA
+#   loads a kernel from them at its first use, CUDA_MODULE_LOADING=LAZY; on a fresh machine those
+#   files are not in the page cache yet). CUDA_MODULE_LOADING=EAGER (passed on to the worker)
+#   instead loads them all at start-up.
 # A tiny form runs on the 2-core dev machine (INSTALL=no: its .venv has everything):
 #   OUT=/tmp/tiny INSTALL=no PYTHON=.venv/bin/python STUDENTS=40 DURATION=20 ROOMS=4 GATEWAYS=2 PROCESSES=2 \
 #       BACKEND=onnxruntime THREADS=2 MAX_BATCH=16 bash benchmarks/scaleout_device.sh
@@ -125,6 +129,21 @@ held = [np.ones(1 << 27) for _ in range(int(sys.argv[1]))]  # 1 GiB of float64 e
 del held  # all held at once (so that they are different pages), then given back
 print(f'  {sys.argv[1]} GiB touched in {time.monotonic() - t:.1f} s')" "$PRETOUCH_GIB"
 fi
+if [ "${WARM_LIBS:-0}" = 1 ]; then
+    libs=$("$PYTHON" -c "
+import os, torch
+roots = [os.path.join(os.path.dirname(torch.__file__), 'lib')]
+try:
+    import nvidia
+    roots += list(nvidia.__path__)
+except ImportError:
+    pass
+print(' '.join(roots))")
+    t=$(date +%s)
+    find $libs -name '*.so*' -type f -exec cat {} + > /dev/null
+    say "read $(find $libs -name '*.so*' -type f | wc -l) shared libraries in $(( $(date +%s) - t )) s (WARM_LIBS)"
+fi
+[ -n "${CUDA_MODULE_LOADING:-}" ] && say "CUDA_MODULE_LOADING=$CUDA_MODULE_LOADING"
 if [ "${PROFILE:-0}" = 1 ]; then  # py-spy samples gateway-0 and worker-0 (the payload's py-spy wheel)
     for b in "$SITE/bin/py-spy" "$(command -v py-spy)"; do [ -x "$b" ] && export SCALEOUT_PYSPY=$b && break; done
     [ -n "${PROFILE_FROM:-}" ] && export SCALEOUT_PYSPY_FROM=$PROFILE_FROM
