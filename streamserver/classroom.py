@@ -52,13 +52,14 @@ class Background(Protocol):
     async def stop(self) -> None: ...
 
 
-# Ends a transport from the server's side, telling the client why (a WebSocket close code; a
-# WebRTC page on its recovery channel, when it has one).
+# Ends a transport from the server's side, telling the client why: a WebSocket close code; a
+# WebRTC page on its recovery channel, if one is open, when it was replaced or its room closed.
 End = Callable[[str, int], Awaitable[None]]
 
 
-# A message to a client that keeps its audio (an ack): its recovery data channel or its WebSocket.
-Tell = Callable[[dict], Awaitable[None]]
+# A message to a client that keeps its audio (an ack): its recovery data channel (which says
+# whether it was open to send it) or its WebSocket.
+Tell = Callable[[dict], Awaitable[bool | None]]
 
 
 @dataclass
@@ -250,8 +251,8 @@ class Classroom:
                 return
             send = recovery.attach(channel, audio, self._catch_up_pacer)
 
-            async def tell(message: dict) -> None:
-                send(message)
+            async def tell(message: dict) -> bool:
+                return send(message)
 
             connection.tell = tell
 
@@ -280,14 +281,19 @@ class Classroom:
         duplicated tab (the same identity: a browser copies a tab's sessionStorage) would take
         the seat back, then the other tab, and so on. The peer closes PEER_TOLD_S later, in the
         background: closed at once, SCTP drops what it has not sent."""
-        if connection.tell is None or code not in (CLOSE_REPLACED, CLOSE_ROOM_CLOSED):
+        told = False
+        if code in (CLOSE_REPLACED, CLOSE_ROOM_CLOSED) and connection.tell is not None:
+            told = bool(await connection.tell({"type": "ended", "code": code, "error": reason}))
+        if not told:  # no channel open (a page without one, or not yet): it just closes
             await pc.close()
             return
-        await connection.tell({"type": "ended", "code": code, "error": reason})
 
         async def close_later() -> None:
             await asyncio.sleep(PEER_TOLD_S)
-            await pc.close()
+            try:
+                await pc.close()
+            except Exception:  # noqa: BLE001 - the peer is going anyway; never the room
+                log.exception("closing the told peer of student %s failed", connection.audio.student_id)
 
         self.spawn(close_later())
 

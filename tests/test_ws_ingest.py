@@ -204,8 +204,8 @@ def test_reconnect_replaces_the_old_stream(server):
                 again = ingest_url(server, room, "Rey", extra={"student_id": first["student_id"], "resume": first["resume"]})
                 async with s.ws_connect(again) as new:
                     assert (await new.receive_json(timeout=10))["student_id"] == first["student_id"]
-                    # A silent old stream is told too (after ws_ingest.Ender's wait); one that keeps
-                    # sending: the next test.
+                    # A silent old stream is told and closed at once; one that keeps sending: the
+                    # next test.
                     assert "replaced" in (await old.receive_json(timeout=10))["error"]
                     await old.receive(timeout=10)
                     assert old.close_code == 4001

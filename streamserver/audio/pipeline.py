@@ -88,6 +88,8 @@ class StudentAudio:
 
     def push_pcm16(self, pcm: np.ndarray) -> None:
         """Live audio. Raises TooFast (nothing of it kept) when the stream outruns real time."""
+        if self.closed:  # ended (replaced, the room closed) while its transport still closes
+            return
         self._pacer.take(pcm.size)
         self._live_received += pcm.size
         if self._held is not None:
@@ -167,6 +169,8 @@ class StudentAudio:
 
     def push_catch_up(self, pcm: np.ndarray) -> None:
         """A piece of the catch-up (TooFast past the pacing limits), dated when it was spoken."""
+        if self.closed:
+            return
         if self._held is None or self._catch_up_pacer is None:
             raise ValueError("no catch-up is under way")
         self._catch_up_pacer.take(pcm.size)

@@ -47,7 +47,7 @@ class ChannelError(ValueError):
     """A message the channel cannot use."""
 
 
-def handle(audio: StudentAudio, message: str | bytes, send: Callable[[dict], None],
+def handle(audio: StudentAudio, message: str | bytes, send: Callable[[dict], object],
            pacer: Callable[[], Pacer]) -> None:
     """One message of the page's recovery channel. ChannelError (and TooFast) for one it cannot use."""
     if isinstance(message, bytes):
@@ -96,12 +96,15 @@ def _time(body: dict, key: str) -> float:
     return float(value)
 
 
-def attach(channel, audio: StudentAudio, pacer: Callable[[], Pacer]) -> Callable[[dict], None]:  # noqa: ANN001 - aiortc RTCDataChannel
-    """Serve the page's recovery channel; the function that sends it a message."""
+def attach(channel, audio: StudentAudio, pacer: Callable[[], Pacer]) -> Callable[[dict], bool]:  # noqa: ANN001 - aiortc RTCDataChannel
+    """Serve the page's recovery channel; the function that sends it a message (False: the
+    channel is not open, nothing sent)."""
 
-    def send(message: dict) -> None:
-        if channel.readyState == "open":
-            channel.send(json.dumps(message))
+    def send(message: dict) -> bool:
+        if channel.readyState != "open":
+            return False
+        channel.send(json.dumps(message))
+        return True
 
     @channel.on("message")
     def on_message(message: str | bytes) -> None:

@@ -155,6 +155,9 @@ async def _stream(
 ) -> None:
     room_id, student_id = identity["room_id"], identity["student_id"]
     await ws.send_json({"type": "ready", **identity, "sample_rate": RATE, "format": "pcm16"})
+    if end.why is not None:  # ended before it started
+        await _close(ws, *end.why)
+        return
     decoder: Pcm16Decoder | OpusDecoder = Pcm16Decoder()
     first = True
     try:
@@ -194,16 +197,16 @@ async def _stream(
 
 
 class Ender:
-    """How the server ends a stream from outside (a reconnect replaced it, the room closed, the
-    server stops): a reason, then a close. aiohttp's close() from another task, while the
-    stream's reader waits in receive(), drops the connection as soon as its close frame is out,
-    without reading what the client has sent meanwhile: a client whose audio is still arriving
-    then gets a reset, may lose our close frame and sees 1006 in place of our code (a replaced
-    tab that takes it for a network break reconnects, and replaces the newer tab in turn).
-    Closed by the reader itself, close() reads up to the client's close frame first. So a stream
-    heard from within SENDING_S is left to its reader, which closes it at its next message; a
-    silent one (a dead link, an idle client) is closed from here at once, as is one whose reader
-    has not taken it within HANDOFF_S."""
+    """How the server ends a stream from outside (a reconnect replaced it, the room closed): a
+    reason, then a close. aiohttp's close() from another task, while the stream's reader waits
+    in receive(), drops the connection as soon as its close frame is out, without reading what
+    the client has sent meanwhile: a client whose audio is still arriving then gets a reset, may
+    lose our close frame and sees 1006 in place of our code (a replaced tab that takes it for a
+    network break reconnects, and replaces the newer tab in turn). Closed by the reader itself,
+    close() reads up to the client's close frame first. So a stream heard from within SENDING_S
+    is left to its reader, which closes it at its next message (or this closes it after
+    HANDOFF_S, in the background: the caller never waits); a silent one (a dead link, an idle
+    client) is closed at once."""
 
     SENDING_S = 0.25  # a live audio client sends every 20-100 ms
     HANDOFF_S = 1.0
@@ -213,18 +216,23 @@ class Ender:
         self.why: tuple[str, int] | None = None
         self.heard = -math.inf  # time.monotonic() of the client's last message
         self.taken = asyncio.Event()  # the reader has it (or has ended)
+        self._fallback: asyncio.Task | None = None
 
     async def __call__(self, reason: str, code: int) -> None:
+        self.why = (reason, code)  # a stream not yet started reads it at its start
         if not self.ws.prepared or self.ws.closed:
             return
         if time.monotonic() - self.heard < self.SENDING_S:
-            self.why = (reason, code)
-            try:
-                await asyncio.wait_for(self.taken.wait(), self.HANDOFF_S)
-            except TimeoutError:
-                pass
-        if not self.ws.closed:
+            self._fallback = asyncio.ensure_future(self._close_unless_taken(reason, code))
+        else:
             await _close(self.ws, reason, code)
+
+    async def _close_unless_taken(self, reason: str, code: int) -> None:
+        try:
+            await asyncio.wait_for(self.taken.wait(), self.HANDOFF_S)
+        except TimeoutError:
+            if not self.ws.closed:
+                await _close(self.ws, reason, code)
 
 
 async def _close(ws: web.WebSocketResponse, reason: str, code: int) -> None:
