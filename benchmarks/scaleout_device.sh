@@ -140,8 +140,9 @@ except ImportError:
     pass
 print(' '.join(roots))")
     t=$(date +%s)
-    find $libs -name '*.so*' -type f -exec cat {} + > /dev/null
-    say "read $(find $libs -name '*.so*' -type f | wc -l) shared libraries in $(( $(date +%s) - t )) s (WARM_LIBS)"
+    files=$(find $libs -name '*.so*' -type f)
+    [ -n "$files" ] && cat $files > /dev/null
+    say "read $(echo "$files" | grep -c .) shared libraries in $(( $(date +%s) - t )) s (WARM_LIBS)"
 fi
 [ -n "${CUDA_MODULE_LOADING:-}" ] && say "CUDA_MODULE_LOADING=$CUDA_MODULE_LOADING"
 if [ "${PROFILE:-0}" = 1 ]; then  # py-spy samples gateway-0 and worker-0 (the payload's py-spy wheel)

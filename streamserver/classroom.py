@@ -9,7 +9,6 @@ speaking); seats, room lookup, publishing and metrics are the jobs of the parts 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import time
@@ -267,8 +266,7 @@ class Classroom:
             elif key not in self.connections:  # a reconnect whose old peer is already closed
                 asyncio.get_running_loop().create_task(self._left(room, student_id))
             raise
-        connection = Connection(lambda _reason, _code: pc.close(), audio, address)
-        connection.end = functools.partial(self._end_peer, pc, connection)
+        connection = Connection(lambda reason, code: self._end_peer(pc, connection, reason, code), audio, address)
         self.connections[key] = connection
         if new:
             await self._student_event(room, student_id, "student_joined")

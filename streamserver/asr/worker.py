@@ -393,12 +393,12 @@ class AsrWorker:
         self.metrics.speculations.labels(outcome="waited_for_in_vain").inc(len(rest))
 
     async def _take_hints(self, partials: bool) -> None:
+        size = self.hint_batch_size()  # a final arriving meanwhile waits for this pass
         try:
-            hints = await self.queue.take_hints(self.hint_batch_size(), partials)
+            hints = await self.queue.take_hints(size, partials)
         except UNREACHABLE:
             hints = []
         hints = await self._with_held(hints, partials)
-        size = self.hint_batch_size()  # a final arriving meanwhile waits for this pass
         self._hold(hints[size:])
         hints = hints[:size]
         self._hints_waiting = bool(hints)

@@ -216,7 +216,7 @@ class Ender:
         self.why: tuple[str, int] | None = None
         self.heard = -math.inf  # time.monotonic() of the client's last message
         self.taken = asyncio.Event()  # the reader has it (or has ended)
-        self._fallback: asyncio.Task | None = None
+        self._fallback: asyncio.Task | None = None  # held: the loop keeps only a weak reference to a task
 
     async def __call__(self, reason: str, code: int) -> None:
         self.why = (reason, code)  # a stream not yet started reads it at its start
