@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -140,6 +141,17 @@ def _log_tails(logs: Path, lines: int = 15) -> None:
         print(f"--- {log.name} (last {len(tail)} lines)", *tail, sep="\n", file=sys.stderr, flush=True)
 
 
+def _stall(proc: subprocess.Popen, started: float, at_s: float, for_s: float, share: float) -> None:
+    """Stop and continue `proc` so that it runs (1 - share) of each second, from at_s for for_s."""
+    time.sleep(max(0.0, started + at_s - time.time()))
+    end = time.time() + for_s
+    while time.time() < end and proc.poll() is None:
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(share)
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(1.0 - share)
+
+
 def main() -> int:
     """0 when the simulator ran and wrote its report; 1 otherwise (the logs' tails on stderr)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -168,6 +180,9 @@ def main() -> int:
     p.add_argument("--kill-gateway-at", type=float, metavar="S",
                    help="SIGKILL gateway 0 this many seconds into the run (needs --gateways >= 2): its students, who keep "
                    "their audio, reconnect through the next gateway and send again what was not acknowledged")
+    p.add_argument("--stall-gateway", nargs=3, type=float, metavar=("AT", "FOR", "SHARE"),
+                   help="from AT s into the run, for FOR s, keep gateway 0 stopped (SIGSTOP) SHARE of every second: "
+                   "an event loop that runs far behind, as a gateway's on a host past its capacity")
     p.add_argument("--no-keep-audio", action="store_true",
                    help="the simulated students keep nothing (loadsim --no-keep-audio): what a break costs without it")
     p.add_argument("--no-aof", action="store_true",
@@ -243,6 +258,8 @@ def main() -> int:
         profiles = _profile([("gateway-0", gateways[0][0].pid), ("worker-0", workers[0][0].pid)], logs, args.duration)
         killed = gateway_killed = None
         started = time.time()
+        if args.stall_gateway is not None:
+            threading.Thread(target=_stall, args=(gateways[0][0], started, *args.stall_gateway), daemon=True).start()
         if args.kill_gateway_at is not None:
             while sim.poll() is None and time.time() - started < args.kill_gateway_at:
                 time.sleep(0.2)

@@ -21,6 +21,7 @@ from streamserver.audio.segmenter import SegmenterConfig
 from streamserver.bus import Bus
 from streamserver.bus.local import LocalFeeds
 from streamserver.bus.ordered import OrderedPublisher
+from streamserver.capacity import Capacity
 from streamserver.config import Settings
 from streamserver.events import RoomClosedEvent, StudentEvent, now
 from streamserver.loop_lag import LoopLag
@@ -100,6 +101,9 @@ class Classroom:
         self.seats = SeatKeeper(bus, self.rooms, settings.seat_lease_s)
         self.admission = Admission()
         self.loop_lag = LoopLag(metrics.loop_lag.observe)
+        self._joining = 0  # students between their capacity check and their seat
+        self.capacity = Capacity(sink, self.loop_lag, lambda: self.rooms.seated() + self._joining,
+                                 settings.expected_speaking, settings.gateway_name)
         self.connections: dict[tuple[str, str], Connection] = {}
         self.segmenter_config = replace(
             SegmenterConfig.with_hangover(settings.vad_hangover_ms),
@@ -122,7 +126,8 @@ class Classroom:
         self.seats.start()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._watch_depth()), loop.create_task(self._watch_rooms()),
-                       loop.create_task(self.loop_lag.run()), loop.create_task(self._acks())]
+                       loop.create_task(self.loop_lag.run()), loop.create_task(self._acks()),
+                       loop.create_task(self.capacity.run())]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -152,25 +157,38 @@ class Classroom:
             await asyncio.sleep(1.0)
 
     async def _acks(self) -> None:
-        """Tell every client that keeps its audio how far it is safe (transport/recovery.py)."""
+        """Tell every client that keeps its audio how far it is safe (transport/recovery.py). The
+        acks are the clients' heartbeat, so they keep their beat whatever else is slow: a round
+        never waits for the queue (what it learns of published utterances is read beside it, and
+        the next round's acks carry it) nor for the previous round's sends, and the rounds keep
+        to the clock rather than adding each round's own time to the period."""
+        loop = asyncio.get_running_loop()
+        settling: asyncio.Task | None = None
+        tick = loop.time()
         while True:
-            await asyncio.sleep(recovery.ACK_EVERY_S)
+            tick = max(tick + recovery.ACK_EVERY_S, loop.time())
+            await asyncio.sleep(tick - loop.time())
             kept = [c for c in self.connections.values() if c.tell is not None and c.audio.kept]
-            try:  # a slow queue holds back the acks' progress, never the acks: they are the pages' heartbeat
-                done = await asyncio.wait_for(self.sink.settled([uid for c in kept for uid in c.audio.unsettled()]),
-                                              recovery.ACK_EVERY_S)
-            except Exception as error:  # noqa: BLE001 - the queue is away or slow: acks stand still, pages keep their audio
-                log.debug("acks not advanced: %s", error)
-                done = set()
+            if settling is None or settling.done():
+                settling = loop.create_task(self._settle(kept))
             ts = now()
             sends = []
             for c in kept:
                 if c.audio.closed or self.connections.get((c.audio.room_id, c.audio.student_id)) is not c:
                     continue  # replaced meanwhile: its speech in progress may be the page's to send again
-                c.audio.settle(done)
                 ack = c.audio.ack()
                 sends.append(asyncio.ensure_future(c.tell({"type": "ack", "t": None if ack is None else round(ack, 4), "ts": ts})))
-            await _sent_together(sends, recovery.ACK_EVERY_S)
+            self.spawn(_sent_together(sends, recovery.ACK_EVERY_S))
+
+    async def _settle(self, kept: list[Connection]) -> None:
+        """Learn which of the clients' utterances are published: their audio is safe."""
+        try:
+            done = await self.sink.settled([uid for c in kept for uid in c.audio.unsettled()])
+        except Exception as error:  # noqa: BLE001 - the queue is away or slow: acks stand still, pages keep their audio
+            log.debug("acks not advanced: %s", error)
+            return
+        for c in kept:
+            c.audio.settle(done)
 
     async def _watch_rooms(self) -> None:
         """Rooms in use here keep their record alive and end here when another process closed
@@ -226,17 +244,18 @@ class Classroom:
 
     async def check_capacity(self, room: Room) -> None:
         """Raise Busy when this process or recognition cannot take one more student of the room."""
-        if reason := self.loop_lag.overloaded() or await self.sink.busy(room.room_id):
+        if reason := await self.capacity.refuse(room.room_id):
             self.metrics.busy_rejections.inc()
             raise Busy(reason)
 
     async def connect_student(self, room: Room, student_id: str, name: str, offer_sdp: str, address: str,
-                              limits: AddressLimits = AddressLimits(), keeps: dict | None = None) -> str:
+                              limits: AddressLimits = AddressLimits(), keeps: dict | None = None,
+                              resumed: bool = False) -> str:
         """Answer a student's offer; a reconnect replaces the old peer and keeps the identity.
         `keeps`: the page keeps its audio ({"catch_up": bool}: it will send what was not
-        acknowledged; transport/recovery.py)."""
+        acknowledged; transport/recovery.py); `resumed`: it proved its identity (rooms/identity.py)."""
         catch_up = bool(keeps and keeps.get("catch_up"))
-        audio, new = await self._seat(room, student_id, name, address, limits, catch_up)
+        audio, new = await self._seat(room, student_id, name, address, limits, catch_up, resumed)
         key = (room.room_id, student_id)
         if keeps is not None:
             audio.keep(catch_up, clock=str(keeps.get("clock") or ""))
@@ -297,14 +316,14 @@ class Classroom:
 
     async def open_stream(self, room: Room, student_id: str, name: str, address: str, end: End,
                           limits: AddressLimits = AddressLimits(), tell: Tell | None = None,
-                          catch_up: bool = False) -> StudentAudio:
+                          catch_up: bool = False, resumed: bool = False) -> StudentAudio:
         """A student's audio over a transport the caller owns (WebSocket ingest): the same pipeline,
         roster and events as connect_student; `end` closes that transport, `tell` sends its
         client a message (acks, once the client says it keeps its audio: StudentAudio.keep;
-        `catch_up`: it starts with audio sent again). The caller pushes 16 kHz PCM into the
+        `catch_up`: it starts with audio sent again; `resumed`: as connect_student's). The caller pushes 16 kHz PCM into the
         returned StudentAudio and calls close_stream at the end. Raises RoomFull, Busy,
         TooManyFromAddress or BusError."""
-        audio, new = await self._seat(room, student_id, name, address, limits, catch_up)
+        audio, new = await self._seat(room, student_id, name, address, limits, catch_up, resumed)
         self.connections[(room.room_id, student_id)] = Connection(end, audio, address, tell)
         if new:
             await self._student_event(room, student_id, "student_joined")
@@ -397,18 +416,24 @@ class Classroom:
         await self.publisher.publish(StudentEvent(room.room_id, student_id, student.name, kind))
 
     async def _seat(self, room: Room, student_id: str, name: str, address: str,
-                    limits: AddressLimits, catch_up: bool = False) -> tuple[StudentAudio, bool]:
+                    limits: AddressLimits, catch_up: bool = False, resumed: bool = False) -> tuple[StudentAudio, bool]:
         """Seat a student, whatever the transport: a reconnect replaces its old peer or stream and
-        keeps the identity (and its seat, even in a full room). The student's new audio pipeline,
-        and whether it is new to the room. RoomFull, Busy, TooManyFromAddress or BusError when
-        it cannot be seated."""
+        keeps the identity (and its seat, even in a full room, and even when the server is busy:
+        a seated student is never dropped to make room; one that proves its identity and brings
+        audio back after a break may have been seated by a gateway that is gone). The student's
+        new audio pipeline, and whether it is new to the room. RoomFull, Busy,
+        TooManyFromAddress or BusError when it cannot be seated."""
         key = (room.room_id, student_id)
         held = sum(1 for (r, s), c in self.connections.items() if r == room.room_id and c.address == address and s != student_id)
         self.admission.check(room.room_id, address, limits, held)
-        if key not in self.connections:  # a reconnect keeps its seat
-            await self.check_capacity(room)
         seated = student_id in room.students  # a reconnect: its seat stays whatever happens here
-        await self.seats.take(room, student_id)
+        self._joining += 1
+        try:
+            if not (seated or key in self.connections or (catch_up and resumed)):
+                await self.check_capacity(room)
+            await self.seats.take(room, student_id)
+        finally:
+            self._joining -= 1
         try:
             _, new = self.rooms.join(room, student_id, name)
             old = self.connections.pop(key, None)

@@ -88,6 +88,16 @@ def _warm_engine_and_intent(model: str, backend: str, threads: int):  # noqa: AN
     return engine, intent
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{value:g} is outside 0..1 (exclusive of 0)")
+    return value
+
+
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -182,6 +192,10 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
                    help="a room nobody used this long is gone (default %(default)s)")
     p.add_argument("--max-queue-wait", type=float, default=5.0, metavar="S",
                    help="answer new students 'busy' (503) when the expected transcription wait passes this (default %(default)s)")
+    p.add_argument("--expected-speaking", type=_share, default=0.1, metavar="SHARE",
+                   help="share of the time a student is expected to speak: new students are answered 'busy' "
+                        "when the workers could not keep up with every seated student speaking that much, or "
+                        "the more they are measured to speak (default %(default)s)")
     p.add_argument("--max-queued", type=int, nargs=3, default=(2000, 200, 8), metavar=("ALL", "ROOM", "STUDENT"),
                    help="utterances that may wait for recognition in all, per room and per student; past them an "
                         "utterance is dropped with an event and the room answers busy (default %(default)s)")
@@ -263,7 +277,7 @@ def _settings(args: argparse.Namespace, **extra: object):  # noqa: ANN202 - lazy
         max_queue_wait_s=args.max_queue_wait, queue_bounds=Bounds(total, room, student), max_audio_rate=args.max_audio_rate,
         token_ttl_s=int(args.link_ttl), room_idle_ttl_s=args.room_idle_expiry, redis_ca=args.redis_ca,
         transcript_retention_s=int(args.transcript_retention_days * 86400), partials=args.partials,
-        partial_interval_ms=args.partial_interval_ms, **extra,
+        partial_interval_ms=args.partial_interval_ms, expected_speaking=args.expected_speaking, **extra,
     )
 
 

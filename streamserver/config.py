@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 from dataclasses import dataclass, field
 
 from streamserver.bus.keys import TRANSCRIPT_RETENTION_S
@@ -49,6 +50,10 @@ class Settings:
     max_audio_rate: float = 1.5  # x real time a student's stream may send (audio/pacing.py); more closes it
     queue_bounds: Bounds = field(default_factory=Bounds)  # utterances waiting: in all, per room, per student
     max_queue_wait_s: float = 5.0  # expected recognition wait past which new students hear "busy"
+    # share of the time a seated student is expected to speak: admission plans recognition for it
+    # (capacity.py), and for more once the students are measured to speak more
+    expected_speaking: float = 0.1
+    gateway_name: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}")
     history_len: int = 500
     transcript_retention_s: int = TRANSCRIPT_RETENTION_S  # a class transcript is kept this long after its last final
     vad_hangover_ms: int = 500  # silence that ends an utterance (audio/segmenter.py); a latency floor

@@ -179,7 +179,7 @@ async def offer(request: web.Request) -> web.Response:
     student = identify(request.app[CLASSROOM].settings.secret, room.room_id, body.get("student_id"), body.get("resume"))
     try:
         answer = await request.app[CLASSROOM].connect_student(room, student.student_id, name, sdp, request.remote or "",
-                                                              claim.limits, keeps)
+                                                              claim.limits, keeps, student.resumed)
     except (RoomFull, TooManyFromAddress) as error:
         return _error(429, str(error))
     except Busy as error:
@@ -212,7 +212,7 @@ async def ingest(request: web.Request) -> web.StreamResponse:
     end = ws_ingest.Ender(ws)
     try:
         audio = await classroom.open_stream(room, student_id, name, request.remote or "", end, claim.limits,
-                                            ws.send_json, catch_up)
+                                            ws.send_json, catch_up, student.resumed)
     except (RoomFull, TooManyFromAddress) as error:
         return _error(429, str(error))
     except Busy as error:
@@ -400,7 +400,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready to take students: the bus answers and a worker can transcribe."""
+    """Ready to take students: the bus answers, a worker can transcribe, and neither this process
+    nor recognition is at its capacity (capacity.py)."""
     classroom = request.app[CLASSROOM]
     if not await _bus_answers(classroom):
         return web.json_response({"ready": False, "reason": "bus unreachable"}, status=503)
@@ -410,6 +411,8 @@ async def readyz(request: web.Request) -> web.Response:
         return web.json_response({"ready": False, "reason": f"job queue unreachable: {error}"}, status=503)
     if workers == 0:
         return web.json_response({"ready": False, "reason": "no ASR worker is running"}, status=503)
+    if reason := await classroom.capacity.refuse(None):  # a load balancer sends new students elsewhere
+        return web.json_response({"ready": False, "reason": reason}, status=503)
     return web.json_response({"ready": True})
 
 

@@ -96,7 +96,9 @@ class AsrWorker:
         self.buffer: list[Entry] = []
         self._in_progress: set[str] = set()
         self._rate = 0.0  # utterances/s, smoothed: what backpressure reads
-        self.ready = False  # engine loaded and queue reachable: /readyz
+        self._batch_rows = 1.0  # rows a batch, smoothed: how far the rate is from a full batch's (capacity)
+        self.ready = False  # engine loaded and measured, queue reachable: /readyz
+        self._calibrated = False
         self.transcribed = 0
         self._task: asyncio.Task | None = None
         self._busy: deque[tuple[float, float, bool]] = deque()  # (start, end, essential) of recent engine work
@@ -120,9 +122,10 @@ class AsrWorker:
 
     async def run(self) -> None:
         await self._until_reachable(self.queue.ensure_group)
-        self.ready = True
         tasks = [asyncio.create_task(self._heartbeats()), asyncio.create_task(self._claims())]
         try:
+            await self._calibrate()
+            self.ready = self._calibrated = True
             await self._loop()
         finally:
             for t in tasks:
@@ -140,13 +143,39 @@ class AsrWorker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
+    async def _calibrate(self) -> None:
+        """A first measure of the engine's throughput, before any student counts on it: one full
+        batch of real speech (a GPU's rows cost little, so its batch is max_batch; a CPU's one
+        utterance). Admission plans classes on it (capacity.py) until real batches refine it."""
+        from engines.audio import load_audio
+        from streamserver.loadsim.scenario import CLIPS_DIR
+
+        rows = self.max_batch if self.engine.batch_rows_cheap else 1
+        try:
+            speech = load_audio(min(CLIPS_DIR.glob("*.wav")))
+            started = time.perf_counter()
+            await asyncio.to_thread(self.engine.transcribe_batch, [speech] * rows, "en")
+        except Exception:  # noqa: BLE001 - no first measure: the queue's own checks admit until batches measure it
+            log.exception("the engine's capacity was not measured")
+            return
+        self._batch_rows = float(rows)
+        self._rate = rows / max(time.perf_counter() - started, 1e-3)
+        log.info("engine capacity: about %.1f utterances/s", self.capacity())
+
+    def capacity(self) -> float:
+        """Utterances/s this worker gets through when busy: its measured rate, and on an engine
+        whose extra rows cost little (a GPU), scaled from the batches it ran to full ones."""
+        if not self.engine.batch_rows_cheap:
+            return self._rate
+        return self._rate * self.max_batch / max(self._batch_rows, 1.0)
+
     async def _heartbeats(self) -> None:
         while True:
             try:
-                await self.queue.heartbeat({"utt_per_s": round(self._rate, 2), "buffer": len(self.buffer),
-                                            "hints": self.hints_taken()})
+                await self.queue.heartbeat({"utt_per_s": round(self._rate, 2), "capacity": round(self.capacity(), 2),
+                                            "buffer": len(self.buffer), "hints": self.hints_taken()})
                 self.metrics.queue_depth.set(await self.queue.depth())
-                self.ready = True
+                self.ready = self._calibrated
             except UNREACHABLE:
                 self.ready = False
             await asyncio.sleep(HEARTBEAT_S)
@@ -354,6 +383,7 @@ class AsrWorker:
     def _worked(self, started: float, entries: list[Entry], essential: bool = True) -> None:
         seconds = time.perf_counter() - started
         self._rate = 0.8 * self._rate + 0.2 * (len(entries) / max(seconds, 1e-3))
+        self._batch_rows = 0.8 * self._batch_rows + 0.2 * len(entries)
         end = time.monotonic()
         self._busy.append((end - seconds, end, essential))
         if seconds > SLOW_BATCH_S:  # on a CPU every utterance costs about that: said at debug level there

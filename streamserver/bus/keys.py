@@ -13,7 +13,9 @@ Recognition jobs
   asr:jobs                stream of utterance jobs (consumer group JOB_GROUP); an entry is deleted
                           once its result is published, so XLEN is the backlog
   asr:alive:<worker>      a worker's heartbeat, expiring shortly after its last beat
-  asr:workers             hash worker -> JSON stats (throughput, last beat) for backpressure
+  asr:workers             hash worker -> JSON stats (throughput, capacity, last beat) for backpressure
+  asr:gateway:<gateway>   a gateway's heartbeat, expiring shortly after its last beat
+  asr:gateways            hash gateway -> JSON {students, utt_per_s}: the fleet's load (capacity.py)
   asr:done:<utterance>    set by the publication itself: at most one result per utterance
   asr:attempts:<entry>    failed recognitions of a job
   asr:backlog             hash of jobs not yet published: r:<room> and s:<room>:<student> -> count
@@ -35,6 +37,7 @@ TRANSCRIPT_RETENTION_S = 30 * 24 * 3600  # how long a class transcript is kept a
 JOBS = "asr:jobs"
 JOB_GROUP = "asr"
 WORKERS = "asr:workers"
+GATEWAYS = "asr:gateways"
 BACKLOG = "asr:backlog"
 HINTS = "asr:hints"
 HINT_ORDER = "asr:hint_order"
@@ -76,6 +79,10 @@ def seat_keys(room_id: str) -> list[str]:
 
 def alive_key(worker: str) -> str:
     return f"asr:alive:{worker}"
+
+
+def gateway_alive_key(gateway: str) -> str:
+    return f"asr:gateway:{gateway}"
 
 
 def spoken_key(room_id: str, student_id: str) -> str:

@@ -95,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
     except (AssertionError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:  # no rooms or no feed: no run
         print(f"loadsim: error: could not set up the class on {', '.join(config.urls)}: {type(error).__name__}: {error}", file=sys.stderr)
         return 2
-    summary = {k: result[k] for k in ("utterances_sent", "transcripts_received", "duplicates", "copies", "recovered", "reconnects", "lost", "lost_vs_queued", "never_queued",
+    summary = {k: result[k] for k in ("utterances_sent", "transcripts_received", "duplicates", "copies", "recovered", "reconnects", "reconnect_causes", "lost", "lost_vs_queued", "never_queued",
                                       "clips_unsent", "join_failures", "busy_rejections", "disconnects", "ice_consent_expired",
                                       "simulator_max_lag_s", "latency_s", "latency_from_clip_end_s", "partials_received",
                                       "partial_first_s", "partial_first_from_speech_s", "partial_gap_s", "partial_agreement")}
@@ -103,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"loadsim: clips sent {result['utterances_sent']}, transcripts {result['transcripts_received']}, lost {result['lost']}"
           f" (queued without transcript {_or_dash(result['lost_vs_queued'])}, never queued {_or_dash(result['never_queued'])}),"
           f" duplicates {result['duplicates']} (copies of one speech {result['copies']}), recovered {result['recovered']}"
-          f" after {result['reconnects']} reconnects, clips not sent {result['clips_unsent']}, connections lost {result['disconnects']}"
+          f" after {result['reconnects']} reconnects {result['reconnect_causes'] or ''}, clips not sent {result['clips_unsent']}, connections lost {result['disconnects']}"
           f" (ICE consent expired on the students' side {result['ice_consent_expired']}), simulator lag {result['simulator_max_lag_s']} s",
           file=sys.stderr, flush=True)
     first = result["partial_first_s"]
@@ -115,4 +115,8 @@ def main(args: argparse.Namespace) -> int:
         print("loadsim: warning: the simulator fell behind real time: use --processes, or fewer students per process",
               file=sys.stderr, flush=True)
     print(f"loadsim: report in {args.report}/report.json", file=sys.stderr)
+    if result["duplicates"]:  # speech shown twice to a teacher is a failure of the run, not a figure
+        print(f"loadsim: error: {result['duplicates']} transcripts reached the dashboards twice "
+              f"({result['copies']} of them copies of one speech under another id)", file=sys.stderr, flush=True)
+        return 1
     return 0

@@ -29,10 +29,14 @@ OnEvent = Callable[[dict, float, bool], None]
 class JoinRefused(AssertionError):
     """The server turned a student away (an AssertionError, as the tests have always expected)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after: str | None = None) -> None:
         super().__init__(f"{status} {message}")
         self.status = status
         self.busy = status == 503 or '"busy"' in message  # the workers are full, not the room
+        try:  # seconds (the HTTP-date form is not sent by this server)
+            self.retry_after_s = max(0.0, float(retry_after)) if retry_after else 0.0
+        except ValueError:
+            self.retry_after_s = 0.0
 
 
 def next_url(urls: list[str], url: str) -> str:

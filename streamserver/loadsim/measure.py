@@ -73,6 +73,7 @@ class Tally:
     copies: int = 0  # of them, transcripts with ids of their own over a speech already transcribed
     recovered: int = 0  # transcripts of speech sent again after a break (their `recovered` flag)
     reconnects: int = 0  # students' reconnects after a break (students that keep their audio)
+    reconnect_causes: Counter = field(default_factory=Counter)  # why they broke: "closed", "no_ack", "send_failed"
     spoken: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # student -> (start_ts, end_of_speech_ts)
     connected: int = 0
     join_failures: int = 0
@@ -125,11 +126,12 @@ class Tally:
         """The student side of this tally, cumulative, for the parent process (child.py)."""
         return {"sent": dict(self.sent_by_student), "sent_at": self.sent_at, "sent_texts": self.sent_texts,
                 "speech_left": self.speech_left, "connected": self.connected, "speaking": len(self.speaking),
-                "max_lag_s": self.max_lag_s, "errors": dict(self.errors), **{k: getattr(self, k) for k in COUNTERS}}
+                "max_lag_s": self.max_lag_s, "errors": dict(self.errors), "causes": dict(self.reconnect_causes),
+                **{k: getattr(self, k) for k in COUNTERS}}
 
     def absorb(self, child: int, snap: dict) -> None:
         """Fold in a child's snapshot: what changed since its previous one."""
-        last = self._last.get(child) or {"sent": {}, "errors": {}, **{k: 0 for k in COUNTERS}}
+        last = self._last.get(child) or {"sent": {}, "errors": {}, "causes": {}, **{k: 0 for k in COUNTERS}}
         for student_id, n in snap["sent"].items():
             new = n - last["sent"].get(student_id, 0)
             self.sent_by_student[student_id] += new
@@ -141,6 +143,8 @@ class Tally:
             setattr(self, key, getattr(self, key) + snap[key] - last[key])
         for key, n in snap["errors"].items():
             self.errors[key] += n - last["errors"].get(key, 0)
+        for key, n in snap.get("causes", {}).items():
+            self.reconnect_causes[key] += n - last.get("causes", {}).get(key, 0)
         self.max_lag_s = max(self.max_lag_s, snap["max_lag_s"])
         self.remote[child] = (snap["connected"], snap["speaking"])
         self._last[child] = snap

@@ -27,6 +27,7 @@ def build(settings: dict[str, Any], tally: Tally, timeline: list[dict], metrics_
         "copies": tally.copies,  # of them: one student's speech transcribed twice under two ids (measure.py)
         "recovered": tally.recovered,  # transcripts of speech a student sent again after a break
         "reconnects": tally.reconnects,
+        "reconnect_causes": dict(tally.reconnect_causes),  # why students broke off: closed, no_ack, send_failed
         "lost": tally.lost(),  # clips sent with no transcript, per student (measure.py)
         "lost_vs_queued": tally.lost_vs_queued(),  # utterances the gateway announced with no transcript
         "never_queued": tally.never_queued(),  # clips sent the gateway never announced as utterances

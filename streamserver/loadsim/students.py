@@ -110,6 +110,7 @@ class StudentPool:
             self.tally.speaking.discard(student.student_id)
             await student.close()
             self.tally.reconnects += student.reconnects
+            self.tally.reconnect_causes.update(student.breaks)
         if student.closed_by_server:
             self.tally.disconnects += 1
             self.tally.error("stream", student.closed_by_server)

@@ -2,8 +2,10 @@
 
 A student that keeps its audio (`keeps`, as the student page does over WebRTC) counts what it
 said on its own clock, learns from the server's acks how far it is safe, and after any break (the
-stream closed, or no ack for HEARTBEAT_S) reconnects, through the next of its servers' URLs
-when it has several, and sends the rest again before its live audio (transport/ws_ingest.py).
+stream closed, or its acks stopped: AckWatch) reconnects, through the next of its servers' URLs
+when it has several, after a jittered wait that doubles with each failed attempt (a gateway that
+restarts must not get its whole room back in one second), and sends the rest again before its
+live audio (transport/ws_ingest.py).
 
 Silence is sent as digital zeros, like a muted or quiet microphone, so the server's VAD sees a
 continuous stream and ends each utterance after its own hangover, as it would for a browser.
@@ -17,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import secrets
 import time
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -29,11 +33,52 @@ from streamserver.loadsim.scenario import RATE, Turn
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 2.0  # no ack this long: the server is gone
+HEARTBEAT_S = 2.0  # no ack this long from a server whose acks come on time: it is gone
+SLOW_ACKS = 3.0  # ... from one whose acks came late, this many times its longest recent gap
+SILENCE_S = 10.0  # ... and never longer than this
 KEEP_S = 60.0  # audio kept for sending again, as the page
 CATCH_UP_RATE = 1.4  # x real time; the server takes up to 1.5x
 CATCH_UP_PIECE = RATE // 10  # samples (100 ms) per message of a catch-up
-RECONNECT_S = (0.2, 0.5, 1.0, 2.0)  # waits between attempts (the last repeats)
+RECONNECT_FIRST_S = 0.5  # a break's first attempt comes within this (jittered)
+RECONNECT_MAX_S = 10.0  # the doubling wait between failed attempts stops growing here
+
+
+def reconnect_wait(attempt: int, retry_after_s: float = 0.0) -> float:
+    """Seconds before reconnect attempt `attempt` (0: the first after a break): a random share of
+    a window that doubles with each failed attempt ("full jitter"), so that the students of a
+    gateway that broke come back spread out, not in one wave; a server's Retry-After is a
+    floor, spread over half as much again."""
+    if retry_after_s > 0:
+        return retry_after_s * random.uniform(1.0, 1.5)
+    return random.uniform(0.0, min(RECONNECT_MAX_S, RECONNECT_FIRST_S * 2 ** attempt))
+
+
+class AckWatch:
+    """Whether a server that acknowledges every ACK_EVERY_S (transport/recovery.py) is gone.
+    A server that is merely slow (its event loop runs late under load) acks late, not never:
+    the wait grows with the gaps it has shown lately, so that a busy gateway is not left by all
+    of its students at once (which makes it busier still), while one that acked on time and
+    then stopped is left after HEARTBEAT_S. A dead process closes its sockets, which the
+    stream's reader sees at once."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self._gaps: deque[float] = deque(maxlen=20)
+
+    def heard(self) -> None:
+        now = time.monotonic()
+        self._gaps.append(now - self.last)
+        self.last = now
+
+    def restart(self) -> None:
+        """A new connection: its first ack is awaited from now."""
+        self.last = time.monotonic()
+
+    def window(self) -> float:
+        return min(SILENCE_S, max(HEARTBEAT_S, SLOW_ACKS * max(self._gaps, default=0.0)))
+
+    def silent(self) -> bool:
+        return time.monotonic() - self.last > self.window()
 
 
 @dataclass
@@ -57,6 +102,7 @@ class WsStudent:
     urls: list[str] = field(default_factory=list)  # servers to reconnect through, in turn (default: url)
     closed_by_server: str | None = field(default=None, init=False)  # why, when the server ended it
     reconnects: int = field(default=0, init=False)
+    breaks: Counter = field(default_factory=Counter, init=False)  # why it reconnected: "closed", "no_ack", "send_failed"
     resent_s: float = field(default=0.0, init=False)  # audio sent again after breaks
     _ws: aiohttp.ClientWebSocketResponse | None = field(default=None, init=False, repr=False)
     _reader: asyncio.Task | None = field(default=None, init=False, repr=False)
@@ -67,7 +113,7 @@ class WsStudent:
     _written: int = field(default=0, init=False, repr=False)
     _sent: int = field(default=0, init=False, repr=False)
     _ack: int = field(default=0, init=False, repr=False)
-    _heard: float = field(default=0.0, init=False, repr=False)
+    _acks: AckWatch = field(default_factory=AckWatch, init=False, repr=False)
     _recovery: asyncio.Task | None = field(default=None, init=False, repr=False)
     _ending: bool = field(default=False, init=False, repr=False)
     _clock: str = field(default_factory=lambda: secrets.token_hex(8), init=False, repr=False)  # this clock's name
@@ -85,7 +131,7 @@ class WsStudent:
             )
             ready = await self._ws.receive(timeout=timeout_s)
         except aiohttp.WSServerHandshakeError as error:
-            raise JoinRefused(error.status, error.message) from None
+            raise JoinRefused(error.status, error.message, (error.headers or {}).get("Retry-After")) from None
         if ready.type != aiohttp.WSMsgType.TEXT or json.loads(ready.data).get("type") != "ready":
             await self._ws.close()
             raise JoinRefused(0, f"no ready message: {ready.type.name} {str(ready.data)[:200]}")
@@ -96,7 +142,7 @@ class WsStudent:
             now_s = self._written / RATE
             keeps = {"start": self._sent / RATE, "now": now_s, "live_from": now_s if catch_up else None, "clock": self._clock}
             await self._ws.send_str(json.dumps({"format": "pcm16", "keeps": keeps}))
-            self._heard = time.monotonic()
+            self._acks.restart()
         self._reader = asyncio.create_task(self._read(self._ws))
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
@@ -109,12 +155,12 @@ class WsStudent:
             if body.get("type") == "error":
                 self.closed_by_server = body.get("error", "error")
             elif body.get("type") == "ack":
-                self._heard = time.monotonic()
+                self._acks.heard()
                 if isinstance(body.get("t"), (int, float)):
                     self._ack = max(self._ack, round(body["t"] * RATE))
                     self._forget()
         if self.keeps and not self._ending and ws is self._ws:
-            self._break("the stream closed")
+            self._break("closed")
             return
         if self.closed_by_server is None and ws.close_code not in (None, 1000):
             self.closed_by_server = f"closed with code {ws.close_code}"
@@ -130,13 +176,13 @@ class WsStudent:
             return await self._send_bytes(chunk)
         self._kept += chunk
         self._written += len(chunk) // 2
-        if self._recovery is None and self.connected and time.monotonic() - self._heard > HEARTBEAT_S:
-            self._break(f"no ack for {HEARTBEAT_S:g} s")
+        if self._recovery is None and self.connected and self._acks.silent():
+            self._break("no_ack")
         if self._recovery is None and self._sent == self._written - len(chunk) // 2:
             if await self._send_bytes(chunk):
                 self._sent = self._written
             elif not self._ending:
-                self._break("a send failed")
+                self._break("send_failed")
         return True
 
     async def _send_bytes(self, chunk: bytes) -> bool:
@@ -158,22 +204,24 @@ class WsStudent:
     def _break(self, why: str) -> None:
         if self._recovery is None or self._recovery.done():
             log.debug("student %s: %s; reconnecting", self.student_id, why)
+            self.breaks[why] += 1
             self._recovery = asyncio.get_running_loop().create_task(self._recover())
 
     async def _recover(self) -> None:
         """Reconnect (the next URL after a failed attempt) and send what was not acknowledged,
         paced, up to the live audio; the live audio then goes straight out again."""
         urls = self.urls or [self.url]
-        attempt = 0
+        attempt, retry_after = 0, 0.0
         while not self._ending:
             old = self._ws
             if old is not None and not old.closed:  # not a goodbye: the server keeps our speech in progress
                 await asyncio.gather(asyncio.wait_for(old.close(code=4000), 0.5), return_exceptions=True)
+            await asyncio.sleep(reconnect_wait(attempt, retry_after))
             try:
                 await self.connect(catch_up=True)
             except (JoinRefused, aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
                 log.debug("student %s: reconnect through %s failed: %s", self.student_id, self.url, error)
-                await asyncio.sleep(RECONNECT_S[min(attempt, len(RECONNECT_S) - 1)])
+                retry_after = error.retry_after_s if isinstance(error, JoinRefused) else 0.0
                 attempt += 1
                 self.url = next_url(urls, self.url)
                 continue

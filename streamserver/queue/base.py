@@ -191,6 +191,13 @@ class UtteranceQueue(Protocol):
     async def heartbeat(self, stats: dict[str, Any]) -> None:
         """This worker is alive; stats (utt_per_s) feed capacity()."""
 
+    async def gateway_beat(self, gateway: str, stats: dict[str, Any]) -> None:
+        """This gateway is alive: stats {students, utt_per_s} feed fleet_load()."""
+
+    async def fleet_load(self) -> tuple[int, float, float, int]:
+        """The live gateways' seated students and the finals/s they send; the live workers'
+        summed capacity (utterances/s) and their number (capacity.py)."""
+
     async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
         """Publish the result to the room and acknowledge the job, atomically; False when an
         earlier delivery of the same utterance already published it (nothing is sent again)."""

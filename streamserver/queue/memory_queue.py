@@ -40,7 +40,8 @@ class MemoryQueue:
         self._done: OrderedDict[str, None] = OrderedDict()
         self._attempts: dict[str, int] = {}
         self._arrived = asyncio.Event()
-        self._beat = (-1e9, 0.0, "none")  # (monotonic time, utt/s, hints wanted) of the worker's last heartbeat
+        self._beat = (-1e9, 0.0, "none")  # (monotonic time, capacity utt/s, hints wanted) of the worker's last heartbeat
+        self._gateway = (0, 0.0)  # (students, finals/s) of this process, its gateway part (capacity.py)
         # utterance id -> (its newest hint, monotonic time offered); a replaced hint keeps its place
         self._hints: OrderedDict[str, tuple[Utterance, float]] = OrderedDict()
         self._speculations: OrderedDict[str, tuple[Speculation, float]] = OrderedDict()
@@ -188,7 +189,15 @@ class MemoryQueue:
         return stale
 
     async def heartbeat(self, stats: dict[str, Any]) -> None:
-        self._beat = (time.monotonic(), float(stats.get("utt_per_s", 0.0)), str(stats.get("hints", "none")))
+        rate = float(stats.get("capacity", stats.get("utt_per_s", 0.0)))
+        self._beat = (time.monotonic(), rate, str(stats.get("hints", "none")))
+
+    async def gateway_beat(self, gateway: str, stats: dict[str, Any]) -> None:
+        self._gateway = (int(stats.get("students", 0)), float(stats.get("utt_per_s", 0.0)))
+
+    async def fleet_load(self) -> tuple[int, float, float, int]:
+        workers, rate = await self.capacity()
+        return (*self._gateway, rate, workers)
 
     async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
         fresh = await self._publish_once(event)  # raising: kept pending, the worker retries the completion

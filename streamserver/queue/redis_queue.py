@@ -20,8 +20,8 @@ from redis.exceptions import ResponseError
 
 from streamserver.bus.connect import redis_client
 from streamserver.bus.keys import (
-    BACKLOG, HINT_ORDER, HINTS, HISTORY_FIELD, JOB_GROUP, JOBS, SPECULATIVE_FIRST, TRANSCRIPT_RETENTION_S, WORKERS, alive_key,
-    attempts_key, backlog_fields, done_key, hint_audio_key, history_key, is_final_transcript, room_channel, speculation_key,
+    BACKLOG, GATEWAYS, HINT_ORDER, HINTS, HISTORY_FIELD, JOB_GROUP, JOBS, SPECULATIVE_FIRST, TRANSCRIPT_RETENTION_S, WORKERS, alive_key,
+    attempts_key, backlog_fields, done_key, gateway_alive_key, hint_audio_key, history_key, is_final_transcript, room_channel, speculation_key,
     spoken_key, transcript_key,
 )
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 # (publication stays once per utterance). A worker whose process died is found sooner: the
 # kernel closes its sockets, so its named connections leave Redis's client list at once.
 ALIVE_TTL_S = 1.0
+GATEWAY_ALIVE_TTL_S = 3.0  # a gateway beats every second (capacity.py)
 DONE_TTL_S = 24 * 3600
 # Two workers claiming at once: the second finds the jobs just claimed (idle since then < this).
 CLAIM_MIN_IDLE_MS = 150
@@ -286,21 +287,37 @@ class RedisQueue:
         counts = await self.redis.hgetall(BACKLOG)
         return {k.decode()[2:]: int(v) for k, v in counts.items() if k.startswith(b"r:") and int(v) > 0}
 
-    async def _live_stats(self) -> list[dict[str, Any]]:
-        """The heartbeat stats of the live workers. Alive = its heartbeat key exists: Redis's
-        clock decides, so hosts whose clocks disagree do not hide workers."""
-        stats = await self.redis.hgetall(WORKERS)
-        names = list(stats)
+    async def _live_stats(self, table: str = WORKERS, alive=alive_key) -> list[dict[str, Any]]:  # noqa: ANN001 - name -> key
+        """The heartbeat stats of the live workers (or gateways). Alive = its heartbeat key exists:
+        Redis's clock decides, so hosts whose clocks disagree do not hide workers. A gateway
+        found gone is taken out of its table (a worker's stats stay: claims look for its jobs)."""
+        stats = await self.redis.hgetall(table)
+        names = [name.decode() if isinstance(name, bytes) else name for name in stats]
         async with self.redis.pipeline(transaction=False) as pipe:
             for name in names:
-                pipe.exists(alive_key(name.decode() if isinstance(name, bytes) else name))
-            alive = await pipe.execute() if names else []
-        return [json.loads(stats[name]) for name, is_alive in zip(names, alive) if is_alive]
+                pipe.exists(alive(name))
+            found = await pipe.execute() if names else []
+        if table == GATEWAYS and (gone := [n for n, is_alive in zip(names, found) if not is_alive]):
+            await self.redis.hdel(GATEWAYS, *gone)
+        return [json.loads(value) for value, is_alive in zip(stats.values(), found) if is_alive]
 
     async def capacity(self) -> tuple[int, float]:
-        """Live workers and their summed recent throughput (utterances/s)."""
+        """Live workers and their summed capacity (utterances/s; their recent throughput where a
+        worker reports no capacity)."""
         live = await self._live_stats()
-        return len(live), sum(float(s.get("utt_per_s", 0.0)) for s in live)
+        return len(live), sum(float(s.get("capacity", s.get("utt_per_s", 0.0))) for s in live)
+
+    async def gateway_beat(self, gateway: str, stats: dict[str, Any]) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(gateway_alive_key(gateway), b"1", px=int(GATEWAY_ALIVE_TTL_S * 1000))
+            pipe.hset(GATEWAYS, gateway, json.dumps(stats))
+            await pipe.execute()
+
+    async def fleet_load(self) -> tuple[int, float, float, int]:
+        gateways = await self._live_stats(GATEWAYS, gateway_alive_key)
+        workers, capacity = await self.capacity()
+        return (sum(int(g.get("students", 0)) for g in gateways), sum(float(g.get("utt_per_s", 0.0)) for g in gateways),
+                capacity, workers)
 
     async def hints_wanted(self) -> str:
         return wanted_hints(s.get("hints", "none") for s in await self._live_stats())

@@ -11,6 +11,7 @@ import time
 from collections import OrderedDict
 from typing import Protocol
 
+from streamserver.audio.resample import RATE as SAMPLE_RATE
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import Utterance, UtteranceDropped, UtteranceQueued
 from streamserver.metrics import Metrics
@@ -57,6 +58,7 @@ class UtteranceSink:
         self._busy: dict[str | None, tuple[float, str | None]] = {}  # room -> (checked at, reason)
         self._busy_lock = asyncio.Lock()
         self.queued = 0
+        self.submitted = (0, 0.0)  # finals from the students here, and their seconds of audio (capacity.py)
         self.dropped = 0
         self._wanted = (-1e9, "none")  # (monotonic time checked, what the workers take: queue.hints_wanted)
         # Utterances settled without a publication: dropped (said to the room) or kept in the
@@ -76,6 +78,8 @@ class UtteranceSink:
 
     def submit(self, u: Utterance) -> None:
         """Called by the audio pipeline on the event loop; queuing happens in a task."""
+        finals, audio_s = self.submitted
+        self.submitted = (finals + 1, audio_s + u.audio.size / SAMPLE_RATE)
         self._spawn(self._send(u))
 
     def hint(self, u: Utterance) -> None:

@@ -9,7 +9,6 @@
 const ICE_GATHER_TIMEOUT_MS = 3000; // aiortc does no trickle ICE: we send the offer once gathering ends
 const CONNECT_TIMEOUT_MS = 15000;   // answer applied but ICE never connects: start over
 const DISCONNECT_GRACE_MS = 2000;   // 'disconnected' often heals by itself within a second or two
-const MAX_BACKOFF_S = 10;
 const KEEP_S = 60;            // microphone audio kept for sending again
 const RATE = 16000;
 // "my newest sample is at t": the first ones place the live audio on our clock, later ones only
@@ -19,7 +18,6 @@ const MARKS_FAST = 8;
 const MARK_LATER_MS = 5000;
 const ENDED_REPLACED = 4001;    // "ended" on the recovery channel: connected again elsewhere
 const ENDED_ROOM_CLOSED = 4003; // ... or the room was closed (the WebSocket ingest's close codes)
-const HEARTBEAT_MS = 2000;    // no ack this long: the server is gone, reconnect
 const CATCH_UP_RATE = 1.25;   // x real time; the server accepts up to 1.5x
 const CATCH_UP_PIECE_S = 0.1;
 const AUDIO_CONSTRAINTS = { echoCancellation: true, noiseSuppression: true, autoGainControl: true };
@@ -142,7 +140,7 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 function onRecoveryMessage(s, pc, channel, data, stale) {
   let msg;
   try { msg = JSON.parse(data); } catch (err) { return; }
-  s.lastHeard = performance.now();
+  if (msg.type === 'ack') s.acks.heard();
   if (msg.type === 'ack' && typeof msg.t === 'number') {
     s.ackT = Math.max(s.ackT ?? 0, msg.t);
   } else if (msg.type === 'live_from' && s.catchUpFrom !== null && !s.catchingUp) {
@@ -192,7 +190,7 @@ function openRecovery(s, pc, stale) {
   channel.binaryType = 'arraybuffer';
   s.channel = channel;
   channel.addEventListener('open', () => {
-    s.lastHeard = performance.now();
+    s.acks = new AckWatch();
     let marks = 0;
     const mark = () => {
       if (stale() || channel.readyState !== 'open') return;
@@ -202,7 +200,7 @@ function openRecovery(s, pc, stale) {
     mark();
     if (stale()) return;
     s.heartbeatTimer = setInterval(() => {
-      if (!stale() && s.serverKeeps && performance.now() - s.lastHeard > HEARTBEAT_MS) retry(s, 'the server stopped answering');
+      if (!stale() && s.serverKeeps && s.acks.silent()) retry(s, 'the server stopped answering');
     }, 500);
   });
   channel.addEventListener('message', (e) => { if (!stale()) onRecoveryMessage(s, pc, channel, e.data, stale); });
@@ -321,7 +319,7 @@ function onConnectionState(s, pc) {
     case 'connected':
       clearTimeout(s.disconnectTimer);
       clearTimeout(s.watchdog);
-      s.backoffS = 1;
+      s.failures = 0;
       s.connectedOnce = true;
       if (!s.catchingUp) setStatus('connected — speak', 'connected');
       break;
@@ -348,14 +346,14 @@ function closePeer(s) {
   s.pc = null;
 }
 
-// Tear down the current peer connection and try again later with a new one: 1, 2, 4 … 10 s.
-function retry(s, reason, minDelayS = 0) {
+// Tear down the current peer connection and try again later with a new one (retry.js: a jittered
+// wait that doubles with each failed attempt; the server's Retry-After at least).
+function retry(s, reason, retryAfterS = 0) {
   if (session !== s || s.retryTimer) return;
   s.attempt++; // an attempt still in flight is now stale
   closePeer(s);
-  const delayS = Math.min(Math.max(s.backoffS, minDelayS), 60);
-  s.backoffS = Math.min(s.backoffS * 2, MAX_BACKOFF_S);
-  setStatus(`reconnecting… your speech is kept (${reason}; next try in ${delayS} s)`, 'reconnecting');
+  const delayS = Math.min(reconnectWaitS(s.failures++, retryAfterS), 60);
+  setStatus(`reconnecting… your speech is kept (${reason}; next try in ${Math.ceil(delayS)} s)`, 'reconnecting');
   s.retryTimer = setTimeout(() => {
     s.retryTimer = null;
     connect(s);
@@ -380,10 +378,10 @@ async function join(event) {
   sessionStorage.setItem('streamserver:name', name);
 
   const s = {
-    name, identity: savedIdentity(), attempt: 0, backoffS: 1, connectedOnce: false,
+    name, identity: savedIdentity(), attempt: 0, failures: 0, connectedOnce: false,
     pc: null, stream: null, track: null, meterFrame: 0,
     retryTimer: null, disconnectTimer: null, watchdog: null, markTimer: null, heartbeatTimer: null,
-    kept: new KeptAudio(), keeper: null, channel: null, serverKeeps: false, lastHeard: 0,
+    kept: new KeptAudio(), keeper: null, channel: null, serverKeeps: false, acks: new AckWatch(),
     ackT: null, catchUpFrom: null, catchingUp: false,
     // Created inside the click so the autoplay policy lets it run.
     audioCtx: new AudioContext(),

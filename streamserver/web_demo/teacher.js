@@ -3,7 +3,6 @@
 // Server data is only ever inserted with textContent / attributes, never as HTML.
 'use strict';
 
-const MAX_BACKOFF_S = 10;
 const NEAR_BOTTOM_PX = 48; // "at the bottom" tolerance for auto-scroll
 const MAX_CLEARED_STORED = 2000; // cleared queue ids kept in sessionStorage (newest kept)
 
@@ -60,7 +59,7 @@ const clearedKey = `streamserver.queue-cleared.${room}`;
 const cleared = loadCleared();
 
 let socket = null;
-let backoffS = 1;
+let failures = 0; // reconnects in a row that did not reach the feed
 
 function setFeedStatus(text, state) {
   feedStatus.textContent = text;
@@ -427,7 +426,7 @@ function handle(msg) {
   noteSource(msg.type === 'history' ? (msg.events || []) : [msg]);
   switch (msg.type) {
     case 'history':
-      backoffS = 1; // the server is really answering: a later drop starts from 1 s again
+      failures = 0; // the server is really answering: a later drop starts from the shortest wait again
       addTranscripts(msg.events || []);
       for (const ev of msg.events || []) if (ev && ENDS_CAPTION.has(ev.type)) endCaption(ev);
       break;
@@ -496,9 +495,8 @@ async function explainRefusal() {
 }
 
 function reconnectLater() {
-  const delayS = backoffS;
-  backoffS = Math.min(backoffS * 2, MAX_BACKOFF_S);
-  setFeedStatus(`reconnecting in ${delayS} s…`, 'reconnecting');
+  const delayS = reconnectWaitS(failures++);
+  setFeedStatus(`reconnecting in ${Math.ceil(delayS)} s…`, 'reconnecting');
   setTimeout(connect, delayS * 1000);
 }
 

@@ -1,0 +1,117 @@
+"""Admission before collapse: whether this gateway can seat one more student without slowing
+down the students it has.
+
+Three things fill up, each measured here:
+- the event loop: its lag (loop_lag.py), and the CPU its thread spends per seated student, which
+  says how many students the loop carries before it runs late (LOOP_SHARE of a core);
+- recognition: the students seated on every gateway, each expected to send utterances at the
+  larger of the measured rate and `expected_speaking` / the mean utterance length, against the
+  workers' summed capacity (utterances/s each measures of itself); a class is planned at
+  PLANNED_LOAD of it, so that bursts of speech queue for a fraction of a second, not for many;
+- the queue's own signs (queue/sink.py busy): a bound reached, a long expected wait.
+Joins are planned ahead because students join before they speak: a queue that is still empty
+when a whole class joins says nothing about the load that class will bring a minute later.
+A student already seated (a reconnect) is never refused: admission only decides who comes in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from streamserver.loop_lag import LoopLag
+from streamserver.queue.base import UNREACHABLE
+from streamserver.queue.sink import UtteranceSink
+
+log = logging.getLogger(__name__)
+BEAT_S = 1.0  # how often this gateway measures itself and tells the fleet its load
+LOOP_SHARE = 0.7  # the loop's thread busy past this share of a core runs late under bursts
+PLANNED_LOAD = 0.5  # recognition planned at this share of the workers' capacity
+MIN_STUDENTS = 10  # the loop's cost per student is measured over at least this many
+UTTERANCE_S = 5.0  # mean utterance length until this gateway has measured its own
+SMOOTHING = 0.1  # of each beat's sample in the running means (about 10 s)
+
+
+@dataclass
+class Load:
+    """What the fleet's gateways and workers say of themselves."""
+
+    students: int = 0  # seated on every live gateway
+    utterances_per_s: float = 0.0  # that they send for recognition
+    capacity: float = 0.0  # utterances/s the live workers get through
+    workers: int = 0
+
+
+class Capacity:
+    def __init__(self, sink: UtteranceSink, loop_lag: LoopLag, students: Callable[[], int],
+                 expected_speaking: float, name: str) -> None:
+        self.sink, self.loop_lag, self.students = sink, loop_lag, students
+        self.expected_speaking, self.name = expected_speaking, name
+        self.loop_cpu_per_student: float | None = None  # share of a core per seated student
+        self.utterance_s = UTTERANCE_S
+        self.fleet = Load()
+        self._submitted = (0, 0.0)  # the sink's (finals, audio seconds) at the last beat
+        self._rate = 0.0  # finals/s this gateway sends, smoothed
+        self._told = 0  # the students this gateway counted in its last beat (in fleet.students)
+
+    async def run(self) -> None:
+        cpu, wall = time.thread_time(), time.monotonic()  # this coroutine runs on the loop's thread
+        while True:
+            await asyncio.sleep(BEAT_S)
+            cpu_now, wall_now = time.thread_time(), time.monotonic()
+            self._measure((cpu_now - cpu) / max(wall_now - wall, 1e-3), wall_now - wall)
+            cpu, wall = cpu_now, wall_now
+            try:
+                students = self.students()
+                await self.sink.queue.gateway_beat(self.name, {"students": students, "utt_per_s": round(self._rate, 4)})
+                self.fleet, self._told = Load(*await self.sink.queue.fleet_load()), students
+            except UNREACHABLE as error:  # the queue's own check says so to a join
+                log.debug("fleet load not read: %s", error)
+
+    def _measure(self, loop_busy: float, seconds: float) -> None:
+        students = self.students()
+        if students >= MIN_STUDENTS:
+            sample = loop_busy / students
+            old = self.loop_cpu_per_student
+            self.loop_cpu_per_student = sample if old is None else old + SMOOTHING * (sample - old)
+        finals, audio_s = self.sink.submitted
+        new_finals, new_audio = finals - self._submitted[0], audio_s - self._submitted[1]
+        self._submitted = (finals, audio_s)
+        self._rate += SMOOTHING * (new_finals / seconds - self._rate)
+        if new_finals:
+            self.utterance_s += SMOOTHING * (new_audio / new_finals - self.utterance_s)
+
+    def per_student(self) -> float:
+        """Utterances/s a student is planned to send: the measured rate, never below the expected."""
+        expected = self.expected_speaking / max(self.utterance_s, 0.5)
+        measured = self.fleet.utterances_per_s / self.fleet.students if self.fleet.students >= MIN_STUDENTS else 0.0
+        return max(expected, measured)
+
+    def loop_full(self, adding: int = 1) -> str | None:
+        """Why this process's event loop should take no more students, or None."""
+        if reason := self.loop_lag.overloaded():
+            return reason
+        per = self.loop_cpu_per_student
+        if per is not None and per * (self.students() + adding) > LOOP_SHARE:
+            return f"this gateway is at its capacity (about {int(LOOP_SHARE / per)} students)"
+        return None
+
+    def recognition_full(self, adding: int = 1) -> str | None:
+        """Why the workers should be planned no more students, or None (no worker measured yet:
+        the queue's own check answers)."""
+        fleet = self.fleet
+        if fleet.workers == 0 or fleet.capacity <= 0:
+            return None
+        students = max(0, fleet.students - self._told) + self.students() + adding
+        planned = students * self.per_student()
+        if planned > PLANNED_LOAD * fleet.capacity:
+            return (f"transcription is at its capacity: {students} students would send about {planned:.1f} "
+                    f"utterances/s; the workers take {fleet.capacity:.1f}")
+        return None
+
+    async def refuse(self, room_id: str | None, adding: int = 1) -> str | None:
+        """Why a new student (of `room_id`) should be turned away now, or None."""
+        return self.loop_full(adding) or self.recognition_full(adding) or await self.sink.busy(room_id)
