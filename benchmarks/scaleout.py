@@ -147,9 +147,9 @@ def _stall(proc: subprocess.Popen, started: float, at_s: float, for_s: float, sh
     end = time.time() + for_s
     while time.time() < end and proc.poll() is None:
         proc.send_signal(signal.SIGSTOP)
-        time.sleep(share)
+        time.sleep(min(share, end - time.time()))
         proc.send_signal(signal.SIGCONT)
-        time.sleep(1.0 - share)
+        time.sleep(max(0.0, min(1.0 - share, end - time.time())))
 
 
 def main() -> int:
@@ -180,15 +180,18 @@ def main() -> int:
     p.add_argument("--kill-gateway-at", type=float, metavar="S",
                    help="SIGKILL gateway 0 this many seconds into the run (needs --gateways >= 2): its students, who keep "
                    "their audio, reconnect through the next gateway and send again what was not acknowledged")
-    p.add_argument("--stall-gateway", nargs=3, type=float, metavar=("AT", "FOR", "SHARE"),
-                   help="from AT s into the run, for FOR s, keep gateway 0 stopped (SIGSTOP) SHARE of every second: "
-                   "an event loop that runs far behind, as a gateway's on a host past its capacity")
+    p.add_argument("--stall", nargs=4, action="append", default=[], metavar=("WHO", "AT", "FOR", "SHARE"),
+                   help="from AT s into the run, for FOR s, keep WHO (gateway: gateway 0; loadsim: the simulator) "
+                   "stopped (SIGSTOP) SHARE of every second: an event loop far behind, as on a host past its "
+                   "capacity (repeatable)")
     p.add_argument("--no-keep-audio", action="store_true",
                    help="the simulated students keep nothing (loadsim --no-keep-audio): what a break costs without it")
     p.add_argument("--no-aof", action="store_true",
                    help="Redis without its append-only file (a diagnosis: what the AOF costs; deployments keep it)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    if any(who not in ("gateway", "loadsim") for who, *_ in args.stall):
+        p.error("--stall stops the gateway or the loadsim")
     if args.kill_gateway_at is not None and args.gateways < 2:
         p.error("--kill-gateway-at needs --gateways >= 2 (its students reconnect through another)")
 
@@ -258,8 +261,9 @@ def main() -> int:
         profiles = _profile([("gateway-0", gateways[0][0].pid), ("worker-0", workers[0][0].pid)], logs, args.duration)
         killed = gateway_killed = None
         started = time.time()
-        if args.stall_gateway is not None:
-            threading.Thread(target=_stall, args=(gateways[0][0], started, *args.stall_gateway), daemon=True).start()
+        for who, *times in args.stall:
+            victim = {"gateway": gateways[0][0], "loadsim": sim}[who]
+            threading.Thread(target=_stall, args=(victim, started, *map(float, times)), daemon=True).start()
         if args.kill_gateway_at is not None:
             while sim.poll() is None and time.time() - started < args.kill_gateway_at:
                 time.sleep(0.2)

@@ -29,8 +29,8 @@ from streamserver.queue.sink import UtteranceSink
 log = logging.getLogger(__name__)
 BEAT_S = 1.0  # how often this gateway measures itself and tells the fleet its load
 LOOP_SHARE = 0.7  # the loop's thread busy past this share of a core runs late under bursts
-PLANNED_LOAD = 0.5  # recognition planned at this share of the workers' capacity
-MIN_STUDENTS = 10  # the loop's cost per student is measured over at least this many
+PLANNED_LOAD = 0.4  # recognition planned at this share of the workers' capacity (finals: hints take spare time)
+MIN_STUDENTS = 50  # the loop's cost per student is measured over at least this many (a few streams' share is noise)
 UTTERANCE_S = 5.0  # mean utterance length until this gateway has measured its own
 SMOOTHING = 0.1  # of each beat's sample in the running means (about 10 s)
 

@@ -101,8 +101,8 @@ class Classroom:
         self.seats = SeatKeeper(bus, self.rooms, settings.seat_lease_s)
         self.admission = Admission()
         self.loop_lag = LoopLag(metrics.loop_lag.observe)
-        self._joining = 0  # students between their capacity check and their seat
-        self.capacity = Capacity(sink, self.loop_lag, lambda: self.rooms.seated() + self._joining,
+        self._joining = 0  # students on their way in: past their capacity check, not yet connected
+        self.capacity = Capacity(sink, self.loop_lag, lambda: len(self.connections) + self._joining,
                                  settings.expected_speaking, settings.gateway_name)
         self.connections: dict[tuple[str, str], Connection] = {}
         self.segmenter_config = replace(
@@ -254,6 +254,14 @@ class Classroom:
         """Answer a student's offer; a reconnect replaces the old peer and keeps the identity.
         `keeps`: the page keeps its audio ({"catch_up": bool}: it will send what was not
         acknowledged; transport/recovery.py); `resumed`: it proved its identity (rooms/identity.py)."""
+        self._joining += 1
+        try:
+            return await self._connect_student(room, student_id, name, offer_sdp, address, limits, keeps, resumed)
+        finally:
+            self._joining -= 1
+
+    async def _connect_student(self, room: Room, student_id: str, name: str, offer_sdp: str, address: str,
+                               limits: AddressLimits, keeps: dict | None, resumed: bool) -> str:
         catch_up = bool(keeps and keeps.get("catch_up"))
         audio, new = await self._seat(room, student_id, name, address, limits, catch_up, resumed)
         key = (room.room_id, student_id)
@@ -323,8 +331,12 @@ class Classroom:
         `catch_up`: it starts with audio sent again; `resumed`: as connect_student's). The caller pushes 16 kHz PCM into the
         returned StudentAudio and calls close_stream at the end. Raises RoomFull, Busy,
         TooManyFromAddress or BusError."""
-        audio, new = await self._seat(room, student_id, name, address, limits, catch_up, resumed)
-        self.connections[(room.room_id, student_id)] = Connection(end, audio, address, tell)
+        self._joining += 1
+        try:
+            audio, new = await self._seat(room, student_id, name, address, limits, catch_up, resumed)
+            self.connections[(room.room_id, student_id)] = Connection(end, audio, address, tell)
+        finally:
+            self._joining -= 1
         if new:
             await self._student_event(room, student_id, "student_joined")
         return audio
@@ -427,13 +439,9 @@ class Classroom:
         held = sum(1 for (r, s), c in self.connections.items() if r == room.room_id and c.address == address and s != student_id)
         self.admission.check(room.room_id, address, limits, held)
         seated = student_id in room.students  # a reconnect: its seat stays whatever happens here
-        self._joining += 1
-        try:
-            if not (seated or key in self.connections or (catch_up and resumed)):
-                await self.check_capacity(room)
-            await self.seats.take(room, student_id)
-        finally:
-            self._joining -= 1
+        if not (seated or key in self.connections or (catch_up and resumed)):
+            await self.check_capacity(room)
+        await self.seats.take(room, student_id)
         try:
             _, new = self.rooms.join(room, student_id, name)
             old = self.connections.pop(key, None)

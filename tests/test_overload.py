@@ -36,9 +36,9 @@ def _scaleout(out, *args: str) -> dict:
 
 
 def test_a_stalled_gateway_keeps_its_students(tmp_path):
-    students = 150
+    students = 100  # fewer than admission seats on 2 cores: every one is seated before the stall
     report = _scaleout(tmp_path / "stall", "--students", str(students), "--duration", "45", "--rooms", "5",
-                       "--speak-ratio", "0.1", "--stall-gateway", "10", "20", "0.7")
+                       "--speak-ratio", "0.1", "--stall", "gateway", "10", "20", "0.7", "--stall", "loadsim", "34", "3", "1")
     assert report["busy_rejections"] == 0 and report["join_failures"] == 0  # all seated before the stall
     assert report["reconnects"] < 0.01 * students, report["reconnect_causes"]
     assert report["utterances_sent"] >= 50

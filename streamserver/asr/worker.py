@@ -144,23 +144,35 @@ class AsrWorker:
                 delay = min(delay * 2, 2.0)
 
     async def _calibrate(self) -> None:
-        """A first measure of the engine's throughput, before any student counts on it: one full
-        batch of real speech (a GPU's rows cost little, so its batch is max_batch; a CPU's one
-        utterance). Admission plans classes on it (capacity.py) until real batches refine it."""
+        """Real speech through the whole recognition (engine and intent labels) before any
+        student counts on it: on an engine whose rows cost little (a GPU), a batch of each size
+        up to max_batch, so that no class's first batches pay for kernels loaded or shapes
+        planned at their first use; on a CPU one utterance. The last batch's time is the first
+        measure of this worker's capacity, on which admission plans classes (capacity.py) until
+        real batches refine it."""
         from engines.audio import load_audio
         from streamserver.loadsim.scenario import CLIPS_DIR
 
-        rows = self.max_batch if self.engine.batch_rows_cheap else 1
+        sizes = [1]
+        while self.engine.batch_rows_cheap and sizes[-1] < self.max_batch:
+            sizes.append(min(2 * sizes[-1], self.max_batch))
+        recogniser = BatchRecogniser(self.engine, self.recogniser.intent, Metrics())  # not counted as work
         try:
-            speech = load_audio(min(CLIPS_DIR.glob("*.wav")))
-            started = time.perf_counter()
-            await asyncio.to_thread(self.engine.transcribe_batch, [speech] * rows, "en")
+            speech = [load_audio(path) for path in sorted(CLIPS_DIR.glob("*.wav"))]
+            for rows in sizes:
+                batch = [(f"calibration-{i}", Utterance(f"calibration-{i}", "", "", "", "en", speech[i % len(speech)], 0.0, 0.0))
+                         for i in range(rows)]
+                started = time.perf_counter()
+                await recogniser.run(batch)
+                seconds = time.perf_counter() - started
         except Exception:  # noqa: BLE001 - no first measure: the queue's own checks admit until batches measure it
-            log.exception("the engine's capacity was not measured")
+            log.exception("the recognition's capacity was not measured")
             return
-        self._batch_rows = float(rows)
-        self._rate = rows / max(time.perf_counter() - started, 1e-3)
-        log.info("engine capacity: about %.1f utterances/s", self.capacity())
+        finally:
+            recogniser.close()
+        self._batch_rows = float(sizes[-1])
+        self._rate = sizes[-1] / max(seconds, 1e-3)
+        log.info("recognition capacity: about %.1f utterances/s (%d rows in %.3f s)", self.capacity(), sizes[-1], seconds)
 
     def capacity(self) -> float:
         """Utterances/s this worker gets through when busy: its measured rate, and on an engine

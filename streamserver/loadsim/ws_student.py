@@ -59,10 +59,14 @@ class AckWatch:
     the wait grows with the gaps it has shown lately, so that a busy gateway is not left by all
     of its students at once (which makes it busier still), while one that acked on time and
     then stopped is left after HEARTBEAT_S. A dead process closes its sockets, which the
-    stream's reader sees at once."""
+    stream's reader sees at once. Only time this client was running counts: while its own event
+    loop was late (a simulator process busy with a thousand handshakes, a browser's background
+    tab), acks may be waiting unread in its socket."""
+
+    CHECK_SLACK_S = 0.2  # checks come every frame: a longer pause between two is this client's own
 
     def __init__(self) -> None:
-        self.last = time.monotonic()
+        self.last = self._checked = time.monotonic()
         self._gaps: deque[float] = deque(maxlen=20)
 
     def heard(self) -> None:
@@ -72,13 +76,16 @@ class AckWatch:
 
     def restart(self) -> None:
         """A new connection: its first ack is awaited from now."""
-        self.last = time.monotonic()
+        self.last = self._checked = time.monotonic()
 
     def window(self) -> float:
         return min(SILENCE_S, max(HEARTBEAT_S, SLOW_ACKS * max(self._gaps, default=0.0)))
 
     def silent(self) -> bool:
-        return time.monotonic() - self.last > self.window()
+        now = time.monotonic()
+        self.last += max(0.0, now - self._checked - self.CHECK_SLACK_S)  # the time we were not running
+        self._checked = now
+        return now - self.last > self.window()
 
 
 @dataclass

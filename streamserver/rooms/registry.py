@@ -53,10 +53,6 @@ class RoomRegistry:
     def get(self, room_id: str) -> Room | None:
         return self.rooms.get(room_id)
 
-    def seated(self) -> int:
-        """Students seated here, in every room."""
-        return sum(len(room.students) for room in self.rooms.values())
-
     def join(self, room: Room, student_id: str, name: str) -> tuple[Student, bool]:
         """The student, and whether they are new (a reconnect keeps its seat and identity). The
         caller has taken the student's seat on the bus: the limit is counted there."""

@@ -19,16 +19,23 @@ function reconnectWaitS(attempt, retryAfterS = 0) {
 
 // A server acknowledges every 0.5 s. One that is merely slow (its event loop late under load)
 // acks late, not never: the wait grows with the gaps it showed lately, so that a busy server is
-// not left by all of its students at once (which makes it busier still).
+// not left by all of its students at once (which makes it busier still). Only time the page was
+// running counts: a background tab's timers are throttled, and its acks wait unread meanwhile.
+const CHECK_SLACK_S = 0.7;  // the page checks every 0.5 s: a longer pause between two is its own
 class AckWatch {
-  constructor() { this.last = performance.now(); this.gaps = []; }
+  constructor() { this.last = this.checked = performance.now(); this.gaps = []; }
   heard() {
     const now = performance.now();
     this.gaps.push((now - this.last) / 1000);
     if (this.gaps.length > 20) this.gaps.shift();
     this.last = now;
   }
-  restart() { this.last = performance.now(); }
+  restart() { this.last = this.checked = performance.now(); }
   windowS() { return Math.min(SILENCE_S, Math.max(HEARTBEAT_S, SLOW_ACKS * Math.max(0, ...this.gaps))); }
-  silent() { return (performance.now() - this.last) / 1000 > this.windowS(); }
+  silent() {
+    const now = performance.now();
+    this.last += Math.max(0, now - this.checked - CHECK_SLACK_S * 1000);
+    this.checked = now;
+    return (now - this.last) / 1000 > this.windowS();
+  }
 }
