@@ -33,6 +33,7 @@ PLANNED_LOAD = 0.4  # recognition planned at this share of the workers' capacity
 MIN_STUDENTS = 50  # the loop's cost per student is measured over at least this many (a few streams' share is noise)
 UTTERANCE_S = 5.0  # mean utterance length until this gateway has measured its own
 SMOOTHING = 0.1  # of each beat's sample in the running means (about 10 s)
+REFUSED_LOG_S = 5.0  # a gateway that refuses says why at most this often
 
 
 @dataclass
@@ -56,6 +57,8 @@ class Capacity:
         self._submitted = (0, 0.0)  # the sink's (finals, audio seconds) at the last beat
         self._rate = 0.0  # finals/s this gateway sends, smoothed
         self._told = 0  # the students this gateway counted in its last beat (in fleet.students)
+        self._joins = 0  # students connected since the last beat
+        self._refused_logged = -1e9
 
     async def run(self) -> None:
         cpu, wall = time.thread_time(), time.monotonic()  # this coroutine runs on the loop's thread
@@ -71,9 +74,16 @@ class Capacity:
             except UNREACHABLE as error:  # the queue's own check says so to a join
                 log.debug("fleet load not read: %s", error)
 
+    def joined(self) -> None:
+        """A student connected here (a join costs the loop far more than a second of its audio)."""
+        self._joins += 1
+
     def _measure(self, loop_busy: float, seconds: float) -> None:
-        students = self.students()
-        if students >= MIN_STUDENTS:
+        """The loop's cost per student from a beat without a wave of joins: a class arriving
+        costs the loop far more than it will once seated, and measured then it would turn the
+        rest of the class away."""
+        students, joins, self._joins = self.students(), self._joins, 0
+        if students >= MIN_STUDENTS and joins <= max(2, students // 100):
             sample = loop_busy / students
             old = self.loop_cpu_per_student
             self.loop_cpu_per_student = sample if old is None else old + SMOOTHING * (sample - old)
@@ -114,4 +124,8 @@ class Capacity:
 
     async def refuse(self, room_id: str | None, adding: int = 1) -> str | None:
         """Why a new student (of `room_id`) should be turned away now, or None."""
-        return self.loop_full(adding) or self.recognition_full(adding) or await self.sink.busy(room_id)
+        reason = self.loop_full(adding) or self.recognition_full(adding) or await self.sink.busy(room_id)
+        if reason and adding and time.monotonic() - self._refused_logged > REFUSED_LOG_S:
+            self._refused_logged = time.monotonic()
+            log.info("new students are answered busy: %s (%d connected here)", reason, self.students())
+        return reason

@@ -41,6 +41,7 @@ ROOM_WATCH_S = 2.0  # how soon a room closed through another process ends here
 KEEP_EVERY_ROUNDS = 15  # a room in use renews its record every 30 s
 PARKED_S = 30.0  # a page that keeps its audio has this long to come back before its last speech is flushed
 PEER_TOLD_S = 0.5  # a page's "ended" message has this long to get out before its peer closes
+ACKS_LATE_S = 1.5  # a round of acks later than this after the last is logged (clients give up at 2 s)
 RECALL_EVENTS = 500  # of the room's history, read for what a catching-up student had published
 
 
@@ -164,10 +165,13 @@ class Classroom:
         to the clock rather than adding each round's own time to the period."""
         loop = asyncio.get_running_loop()
         settling: asyncio.Task | None = None
-        tick = loop.time()
+        tick = last = loop.time()
         while True:
             tick = max(tick + recovery.ACK_EVERY_S, loop.time())
             await asyncio.sleep(tick - loop.time())
+            if loop.time() - last > ACKS_LATE_S:  # the clients' heartbeat was late: say so, it may cost reconnects
+                log.warning("acks went out %.2f s after the last round (%d connections)", loop.time() - last, len(self.connections))
+            last = loop.time()
             kept = [c for c in self.connections.values() if c.tell is not None and c.audio.kept]
             if settling is None or settling.done():
                 settling = loop.create_task(self._settle(kept))
@@ -295,6 +299,7 @@ class Classroom:
             raise
         connection = Connection(lambda reason, code: self._end_peer(pc, connection, reason, code), audio, address)
         self.connections[key] = connection
+        self.capacity.joined()
         if new:
             await self._student_event(room, student_id, "student_joined")
         return answer_sdp
@@ -335,6 +340,7 @@ class Classroom:
         try:
             audio, new = await self._seat(room, student_id, name, address, limits, catch_up, resumed)
             self.connections[(room.room_id, student_id)] = Connection(end, audio, address, tell)
+            self.capacity.joined()
         finally:
             self._joining -= 1
         if new:
