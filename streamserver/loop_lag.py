@@ -14,7 +14,9 @@ import time
 
 log = logging.getLogger(__name__)
 TICK_S = 0.1
-OVERLOADED_S = 0.25  # a lag past this loses WebRTC audio (aiortc's jitter buffer is ~a few hundred ms)
+OVERLOADED_S = 0.25  # a lag past this loses WebRTC audio (aiortc's jitter buffer is ~a few hundred ms): warned
+LATE_S = 0.1  # a tick this late ...
+LATE_TICKS = 3  # ... on this many of the window's: a loop behind often enough to take no one more
 WINDOW = 20  # ticks the "recent" lag looks back over (about 2 s)
 
 
@@ -39,9 +41,13 @@ class LoopLag:
             log.warning("overloaded: the event loop ran %.0f ms behind; students' audio may be delayed or lost", lag * 1000)
 
     def overloaded(self) -> str | None:
-        """Why this process should take no new students now, or None: the loop ran late on most
-        of the last ticks (one hiccup, a garbage collection or a slow start, turns nobody away)."""
-        late = sorted(self.recent)[len(self.recent) // 2] if len(self.recent) == WINDOW else 0.0
-        if late > OVERLOADED_S:
-            return f"this gateway is overloaded (its event loop runs {late * 1000:.0f} ms behind)"
+        """Why this process should take no new students now, or None: the loop ran LATE_S late
+        on LATE_TICKS of the last WINDOW ticks. A loop that keeps up is on time on every tick
+        (one hiccup, a garbage collection or a slow start, turns nobody away); one that is
+        behind only now and then already delays what its students say and the acks they wait
+        for, so the next students go elsewhere before its lag grows."""
+        late = sum(1 for lag in self.recent if lag > LATE_S)
+        if late >= LATE_TICKS:
+            return (f"this gateway is overloaded (its event loop ran over {LATE_S * 1000:.0f} ms late on {late} "
+                    f"of its last {len(self.recent)} ticks)")
         return None
