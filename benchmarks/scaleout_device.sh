@@ -23,7 +23,7 @@
 #   PROFILE_FROM=0 with it: the first third (a fresh machine's first run has its slow batches there)
 #   NO_AOF=1: Redis without its append-only file (a diagnosis of what the AOF costs)
 #   PRETOUCH_GIB=N: before the run, write every page of N GiB at once, then free them (a diagnosis: does
-#   a fresh virtual machine's first touch of its memory make a lease's first run slow?)
+#   a fresh virtual machine's first touch of its memory make its first run slow?)
 #   WARM_LIBS=1: before the run, read torch's and CUDA's shared libraries once (a diagnosis: CUDA
 #   loads a kernel from them at its first use, CUDA_MODULE_LOADING=LAZY; on a fresh machine those
 #   files are not in the page cache yet). CUDA_MODULE_LOADING=EAGER (passed on to the worker)

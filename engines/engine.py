@@ -32,7 +32,7 @@ from engines.voicing import has_voicing
 DEFAULT_PROMPTS = {"zh": "以下是普通话的句子。"}
 # No text when the model says "no speech" strongly, or fairly and the text is unsure too.
 # Whisper requires both at 0.6 / -1.0, which lets through its confident "you" on music and
-# rumble (figures in README.md, "No words on non-speech"; tests/test_engine.py).
+# rumble (docs/architecture.md, "The speech engine", No words on non-speech; tests/test_engine.py).
 NO_SPEECH_THRESHOLD = 0.6
 NO_SPEECH_UNSURE_THRESHOLD = 0.3
 LOGPROB_THRESHOLD = -1.0
@@ -68,7 +68,7 @@ class Engine(ABC):
     guards, the 30 s re-run of a loop, simplified Chinese. Subclasses implement _run."""
 
     # Another utterance in a batch costs little next to the batch itself: true of a GPU, bound by
-    # kernel launches at these sizes (tiny.en: batch 1 in 6 ms, 16 in 23 ms on the H200); not of
+    # kernel launches at these sizes (benchmarks/README.md, "GPU engine"); not of
     # a CPU, whose encoder costs per utterance. The ASR worker lets speculative work ride along
     # in its batches only where it is cheap.
     batch_rows_cheap = False

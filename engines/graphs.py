@@ -336,7 +336,7 @@ Progress = Callable[[str], None]
 # fp32 / int8: the graphs ONNX Runtime runs; portable: standard ONNX only (TensorRT, tests).
 # int8 weights (activations quantized per row): a decoder step at batch 1 is bound by reading its
 # weights (tiny.en's output projection alone is 80 MB in fp32), the encoder by arithmetic that the
-# CPU's int8 units do faster. Accuracy against fp32: README, "Encoder length".
+# CPU's int8 units do faster. Accuracy against fp32: benchmarks/README.md, "Encoder length".
 PRECISIONS = ("fp32", "int8")
 DEFAULT_PRECISION = "int8"
 

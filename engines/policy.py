@@ -3,8 +3,8 @@
 Whisper was trained on 30 s windows; an utterance is padded with silence up to its window.
 A shorter window saves encoder work in proportion, but cutting it too close makes greedy decoding
 loop (the decoder never sees the end-of-audio region). benchmarks/encoder_length.py measures the
-candidates on the dev clips; DEFAULT_POLICIES holds, per model, the fastest one that was no less
-accurate than padding to 30 s (README, "Encoder length").
+candidates on the dev clips; DEFAULT_POLICIES holds, per model, the fastest one that is no less
+accurate than padding to 30 s (benchmarks/README.md, "Encoder length").
 """
 
 from __future__ import annotations
@@ -52,14 +52,15 @@ POLICIES = {
 }
 # Each model's fastest window that loses no accuracy against padding to 30 s: tiny.en loses
 # words at every shorter window, base keeps its accuracy down to 10 s, and zero padding is as
-# accurate or more at every window (benchmarks/encoder_length.py; table in README.md).
+# accurate or more at every window (benchmarks/encoder_length.py; benchmarks/README.md,
+# "Encoder length").
 DEFAULT_POLICIES = {"tiny.en": "pad30-zero", "base": "min10s-zero"}
 
 
 # Live captions (replaced by their final seconds later) trade some accuracy for engine time on a
 # CPU: tiny.en at min10s-zero is 2.9x cheaper than its final's pad30-zero (48 against 137 ms
-# median on the dev clips) at 7.8 % against 4.8 % errors, no loops left (README, "Encoder
-# length"). A model not listed captions at its final's window.
+# median on the dev clips) at 7.8 % against 4.8 % errors, no loops left (benchmarks/README.md,
+# "Encoder length"). A model not listed captions at its final's window.
 CAPTION_WINDOWS = {"tiny.en": "min10s-zero"}
 
 

@@ -2,8 +2,9 @@
 
 CPython's full (generation 2) collection walks every container object alive, those of the
 imported libraries (numpy, aiohttp, aiortc, redis, ...), the app and the engine included, while
-the event loop stands still. On a gateway with 250 WebSocket students (2 cores here) a full
-collection came every ~4 s and took 44-54 ms: a stall that every student's frames, every ack and
+the event loop stands still. On a gateway with 250 WebSocket students a full collection comes
+every few seconds and takes tens of ms (benchmarks/README.md, "4,000 WebSocket students with
+captions"): a stall that every student's frames, every ack and
 every final waited behind, the loop-lag tail of a loaded gateway. What start-up made lives as
 long as the process, so it is moved out of the collector's sight (gc.freeze()): a full collection
 then walks only what the process made since (its students' streams: still 10-25 ms at 250), and

@@ -65,9 +65,9 @@ def errors_over(texts: list[str], finals: list[str], without_break: list[list[in
 
     - Sentence by sentence, against the most the runs without a break got wrong in that sentence.
       This overstates when a flip of tiny.en moves: "ill-disposed" is in two sentences and flips
-      in either (2 words). CI at 57cb85c had all three runs without a break flip it in the third
-      sentence and both break runs in the second instead (4 words wrong in each run, break or
-      not): 2 words over sentence by sentence, 0 in all.
+      in either (2 words). When all three runs without a break flip it in the third sentence and
+      both break runs in the second instead (4 words wrong in each run, break or not), that is
+      2 words over sentence by sentence, 0 in all.
     - In all, against the runs without a break on average. This understates only when the break
       run, besides what the break cost, got fewer words wrong elsewhere than those runs did on
       average.

@@ -92,17 +92,16 @@ def lesson_track(tmp_path_factory) -> tuple[Path, list[str]]:
 
 
 # Runs of the track without any break, to compare with. The same track through the page gives
-# 2.1 %, 4.2 % or 6.3 % WER (2, 4 or 6 of its 95 words, in the runs of three sessions), because
-# the RTP stream starts at a different point of the microphone's audio each time, so the VAD's
-# frames and the utterances' edges fall elsewhere and tiny.en flips the same few words: "his" /
-# "its" in the first sentence, "ill disposed" / "old-sposed" in the second and third (2 words
-# each, often both at once). Against one run without a break, a 2-point margin (1.9 words) failed
-# on these flips alone: a crash run of 4.2 % against 2.1 %, a blip run of 6.3 % against a mean of
-# 3.5 % over three runs, with only those words wrong; and sentence by sentence against three runs
-# it failed when the flip moved from the third sentence to the second (CI at 57cb85c). So what a
-# break run may get wrong beyond what the runs without a break got wrong is at most 2 points of
-# the track, counted so that a flip seen without a break is not taken for the break's cost
-# (errors_over): the issue's margin, measured against the words a break can cost.
+# 2.1 %, 4.2 % or 6.3 % WER (2, 4 or 6 of its 95 words) from run to run, because the RTP stream
+# starts at a different point of the microphone's audio each time, so the VAD's frames and the
+# utterances' edges fall elsewhere and tiny.en flips the same few words: "his" / "its" in the
+# first sentence, "ill disposed" / "old-sposed" in the second and third (2 words each, often both
+# at once). These flips alone exceed a 2-point margin (1.9 words) against one run without a
+# break, and a sentence-by-sentence count against three runs when the flip moves from one
+# sentence to another. So what a break run may get wrong beyond what the runs without a break get
+# wrong is at most 2 points of the track, counted so that a flip seen without a break is not taken
+# for the break's cost (errors_over): the issue's margin, measured against the words a break can
+# cost.
 BASELINE_RUNS = 3
 MARGIN = 0.02
 

@@ -7,7 +7,10 @@ found (sessions, leases, commit hashes): that is what the git log is for.
 
 from __future__ import annotations
 
+import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -25,11 +28,13 @@ def documents() -> list[Path]:
 # Run history: which session or lease measured what, and commit hashes. A hash is 7-40 lowercase
 # hex digits as a whole word with at least one digit and one letter a-f, so that ordinary words
 # ("deadbeef" has no digit) and plain numbers ("8684892160" has no letter) pass; a `#` before it
-# is a colour, not a hash.
+# is a colour, not a hash. A session or lease that something owns ("their last lease": a seat's)
+# is the software's own, not a run's.
+_NOT_OWNED = r"(?<!\btheir )(?<!\bits )(?<!'s )"
 HISTORY = [
     re.compile(r"\bsessions? \d+\b", re.IGNORECASE),
-    re.compile(r"\b(?:this|last|next|later|earlier|previous|same|that) session\b", re.IGNORECASE),
-    re.compile(r"\b(?:this|last|next|later|earlier|previous|same|that) lease\b", re.IGNORECASE),
+    re.compile(_NOT_OWNED + r"\b(?:this|last|next|later|earlier|previous|same|that) session\b", re.IGNORECASE),
+    re.compile(_NOT_OWNED + r"\b(?:this|last|next|later|earlier|previous|same|that) lease\b", re.IGNORECASE),
     re.compile(r"(?<![#\w])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?!\w)"),
 ]
 
@@ -50,12 +55,59 @@ def test_no_run_history(path: Path):
     assert not found, "run history in a document (it belongs in the git log):\n" + "\n".join(found)
 
 
+CODE_DIRS = ("streamserver", "engines", "benchmarks", "tests")
+
+
+def code_files() -> list[Path]:
+    """The .py files of the package, the engines, the benchmarks and the tests."""
+    return sorted(p for d in CODE_DIRS for p in (ROOT / d).rglob("*.py") if "results" not in p.relative_to(ROOT).parts)
+
+
+def commentary(source: str) -> list[tuple[int, str]]:
+    """(line number, line) of every comment and docstring in Python source; code and other strings left out."""
+    lines = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                lines += [(first.lineno + n, line) for n, line in enumerate(first.value.value.splitlines())]
+    return sorted(lines)
+
+
+def test_no_run_history_in_code_comments():
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {match.group(0)!r}"
+        for path in code_files()
+        for number, line in commentary(path.read_text(encoding="utf-8"))
+        for pattern in HISTORY
+        for match in pattern.finditer(line)
+    ]
+    assert not found, "run history in a comment or docstring (it belongs in the git log):\n" + "\n".join(found)
+
+
+def test_commentary_reads_comments_and_docstrings_only():
+    source = '''"""Module: in session 25."""
+x = "the code at ba90aaf"  # measured at 8477762a
+def f():
+    """On the next lease."""
+    return "a later session"
+'''
+    found = [line for _, line in commentary(source) if any(p.search(line) for p in HISTORY)]
+    assert found == ["Module: in session 25.", "# measured at 8477762a", "On the next lease."], found
+    assert len(code_files()) > 100 and ROOT / "tests" / "test_docs.py" in code_files()
+
+
 def test_history_patterns_catch_what_they_should():
     for text in ("in session 25 this ran", "sessions 25 and 26", "on the next lease", "a later session",
                  "this session's runs", "the code at ba90aaf", "run `kill-final-5dc37e5`", "(8477762a)"):
         assert any(p.search(text) for p in HISTORY), text
     for text in ("a decoder session", "seat leases of 30 s", "deadbeef", "8684892160 bytes", "colour #1a2b3c4d",
-                 "2026-12-03", "sessionStorage", "--max-batch 64", "1e-6", "cafe au lait"):
+                 "2026-12-03", "sessionStorage", "--max-batch 64", "1e-6", "cafe au lait",
+                 "both seat keys expire with their last lease", "the peer's last session"):
         assert not any(p.search(text) for p in HISTORY), text
 
 

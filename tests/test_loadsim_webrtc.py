@@ -139,8 +139,8 @@ def test_encoding_client_falls_behind_where_the_packets_client_does_not(monkeypa
     process against `serve` on this machine. aiortc's MediaPlayer client (an encoder per student,
     one thread pool for all) cannot keep real time and its audio falls seconds behind, so what it
     has not sent when it hangs up was never spoken; the packets client keeps real time and every
-    clip it speaks comes back. 80, not 40: at 40 the encoder's lag was 1.6-2.1 s here but 0.65 s
-    on a CI run (it depends on the host's spare CPU); at 80 it is ~10 s and every clip unsent."""
+    clip it speaks comes back. 80, not 40: at 40 the encoder's lag depends on the host's spare CPU
+    (from under a second to about 2 s); at 80 it is ~10 s and every clip unsent."""
     monkeypatch.setattr(students, "HANGUP_GRACE_S", 2.0)
     n, duration = 80, 12.0
     with ServerProcess() as server:

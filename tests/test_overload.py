@@ -3,9 +3,9 @@
 (a) A gateway whose event loop runs far behind (stopped for most of every second: what a gateway
     on a host past its capacity does) is slow, not dead, and a client whose own loop stopped for
     3 s (a simulator process busy with a wave of handshakes, a browser's background tab) has not
-    heard the server's silence: the students keep their connections (reconnects under 1 %; at
-    71d4ac8 all 100 reconnected at the client's pause), and nothing they said is lost or
-    transcribed twice.
+    heard the server's silence: the students keep their connections (reconnects under 1 %, where a
+    client that took its own pause for the server's silence would reconnect all 100), and nothing
+    they said is lost or transcribed twice.
 (b) More students than gateway + worker carry: those seated keep their finals within 2 s, the
     rest are answered "busy" (503 + Retry-After) before they take a seat.
 Both through benchmarks/scaleout.py: real Redis, gateway and worker processes, the load simulator

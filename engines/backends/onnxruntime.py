@@ -76,7 +76,8 @@ class OnnxRuntimeBackend:
         self._cross_names = [o.name for o in self.encoder.get_outputs()]
         # The int8 encoder scales activations per tensor: one utterance per call keeps each
         # result independent of the rest of the batch (on a CPU a batched encoder call is not
-        # faster anyway: it is bound by arithmetic, not by per-call overhead; README.md, Batching).
+        # faster anyway: it is bound by arithmetic, not by per-call overhead; benchmarks/README.md,
+        # "Batching on the CPU").
         self._encode_rows_apart = precision == "int8"
         self._new_self_names = [o.name for o in self.decoder.get_outputs()][1:]
 

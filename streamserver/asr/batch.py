@@ -34,9 +34,9 @@ def result_event(u: Utterance, r: Transcript, intents: dict[str, dict]) -> Trans
 
 
 class BatchRecogniser:
-    """The engine, then the intent labels, each timed (streamserver_recognition_seconds_total:
-    on the H200 host the labels took three to four times the engine's time, 29-37 s against
-    9-14 s in a 4,000-student minute)."""
+    """The engine, then the intent labels, each timed (streamserver_recognition_seconds_total):
+    on a GPU worker the labels can cost more time than the engine (benchmarks/README.md,
+    "Intent labels on the GPU")."""
 
     def __init__(self, engine: Engine, intent: IntentClassifier | None, metrics: Metrics) -> None:
         self.engine, self.intent, self.metrics = engine, intent, metrics

@@ -8,7 +8,7 @@ Nothing waits for a batch to fill: under light load an utterance is recognised a
 under load, batches grow by themselves while the engine is busy. The time budget bounds how
 long a batch holds the engine: an utterance of another room that arrives behind a backlog waits
 for the running batch and its own, each about a budget long (on a CPU, where the encoder runs
-one utterance at a time, batches of 16 took seconds). The queue
+one utterance at a time, batches of 16 take seconds). The queue
 unreachable pauses the loop, which retries with backoff; a finished result whose publication
 failed is retried, never dropped.
 
@@ -294,12 +294,11 @@ class AsrWorker:
             return
         riders = await self._riders(batch)
         started = time.perf_counter()
-        # The labels in line: on the H200 host, labelling beside the next engine batch (a thread of
-        # its own) took more of its saturated cores and made every final later (p99 1.20 s against
-        # 0.90 s at 4,000 students). The riders' results are kept before the finals are published:
-        # a speculation is of use only before its hangover ends, a final is late already. (Finals
-        # first, and the rate counting finals only, measured once on the H200: 113 finals taken
-        # from their speculation at the hangover's end against 3,123, p99 2.23 s against 0.90 s.)
+        # The labels in line: labelling beside the next engine batch (a thread of its own) takes
+        # more of a saturated host's cores and makes every final later. The riders' results are
+        # kept before the finals are published: a speculation is of use only before its hangover
+        # ends, a final is late already (figures in benchmarks/README.md, "Figures behind choices
+        # in the code").
         results = await self.recogniser.run(batch + riders)
         self._worked(started, batch + riders)
         captions = await self._keep_speculations([r for r in results if r[0][1].kind == "speculative"])

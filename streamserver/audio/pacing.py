@@ -16,8 +16,8 @@ from typing import Callable
 from engines.features import SAMPLE_RATE
 
 RATE = 1.5  # x real time
-# What a stall lets through at once when it clears. 3 s closed honest WebRTC students on the H200
-# (2,000 students: 233 peers cut in one second, at 0.7-0.8x real time on average).
+# What a stall lets through at once when it clears: a 3 s burst closes honest WebRTC students
+# (benchmarks/README.md, "Figures behind choices in the code").
 BURST_S = 10.0
 INITIAL_S = 1.0
 

@@ -40,8 +40,8 @@ class SegmenterConfig:
     pre_roll_ms: int = 300  # kept before the first voiced frame: VAD misses soft onsets
     # kept after the last voiced frame: VAD misses soft word endings. 200 rather than 300 ms: the
     # speculative final starts once a pause has lasted this, so a slow CPU has 300 ms of the 500 ms
-    # hangover to recognise it (tiny.en took 200-260 ms there); no transcript was worse for it
-    # (benchmarks/post_roll.py: 38 clips, WER 3.9 % against 4.8 %, in noise 6.9 % against 8.1 %)
+    # hangover to recognise it (tiny.en takes 200-260 ms there); no transcript is worse for it
+    # (benchmarks/post_roll.py; benchmarks/README.md, "VAD post-roll")
     post_roll_ms: int = 200
     hangover_ms: int = 500  # this much silence ends an utterance
     min_speech_ms: int = 250  # utterances with less voiced audio are clicks/coughs: dropped

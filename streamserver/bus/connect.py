@@ -28,7 +28,7 @@ def redacted(url: str) -> str:
 def redis_client(url: str, ca_file: str | None = None, **options: Any) -> aioredis.Redis:
     # redis-py's asyncio pool allows 100 connections and then raises "Too many connections": a
     # gateway with hundreds of students has more publishes and seat calls in flight than that
-    # when a class ends at once (seen on the H200, 250 students a gateway).
+    # when a class ends at once (250 students a gateway).
     options.setdefault("max_connections", MAX_CONNECTIONS)
     if ca_file:
         if not url.startswith("rediss://"):

@@ -41,7 +41,7 @@ def _q4_for_matmulnbits(blocks: np.ndarray, rows: int) -> tuple[np.ndarray, np.n
     float32 scales [rows * K/32]: the same codes and scales. Only the nibble order differs:
     Q4_0 byte j holds weights j and j+16, MatMulNBits byte j weights 2j and 2j+1 (low first).
     MatMulNBits' default 4-bit zero point, 8, is Q4_0's offset. (8-bit codes, equally exact,
-    ran no faster here and take twice the memory.)"""
+    run no faster and take twice the memory.)"""
     qs = blocks["qs"].reshape(rows, -1, 16)
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # [rows, nb, 32] in weight order
     packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
@@ -88,7 +88,7 @@ class _Graph:
 
     def add_ln(self, x: str, y: str, prefix: str) -> str:
         """LayerNorm(x + y). Sum, not Add: ONNX Runtime would fuse Add + LayerNormalization into
-        SkipLayerNormalization, which took 42 us here for 14 tokens against 9 us for the two."""
+        SkipLayerNormalization, which takes 42 us for 14 tokens against 9 us for the two."""
         total = self.op("Sum", [x, y])
         return self.op("LayerNormalization", [total, self.tensor(prefix + ".w"), self.tensor(prefix + ".b")], axis=-1, epsilon=self.f.dims.eps)
 

@@ -66,7 +66,7 @@ class E5Tokenizer:
         self.offsets, self.scores = tables.offsets, tables.scores
         self.unk_score = _f32(float(tables.scores.min()) - 10.0)
         # Pieces are found by Python's str hash in a sorted uint64 array (2 MB, bucketed by the
-        # top BUCKET_BITS bits: 1 MB), where a dict of 250k str keys took 70 MB. Every hit is
+        # top BUCKET_BITS bits: 1 MB), where a dict of 250k str keys takes 70 MB. Every hit is
         # confirmed against the piece's bytes, so a hash collision only costs time. The sort is
         # stable: among equal hashes the lowest id comes first, as in C, whose hash table
         # returns the first-inserted of duplicate strings.

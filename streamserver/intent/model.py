@@ -31,7 +31,7 @@ class Embedder(Protocol):
 
 def intent_embedder_for(speech_backend: str) -> Embedder:
     """The sentence embedder beside a speech engine: on its GPU when it has one (torch-cuda: the
-    labels then cost the host's CPU almost nothing, where the CPU embedder took several cores
+    labels then cost the host's CPU almost nothing, where the CPU embedder takes several cores
     of a busy GPU host), else ONNX Runtime on the CPU. STREAMSERVER_INTENT_DEVICE=cpu keeps them
     on the CPU (auto, the default: as above)."""
     choice = os.environ.get("STREAMSERVER_INTENT_DEVICE", "auto")

@@ -3,7 +3,8 @@
 Each student alternates silence and one clip. Silences are drawn so that on average a fraction
 `speak_ratio` of the students is speaking at any moment, and never shorter than MIN_GAP_S, so
 that the server's VAD cuts exactly one utterance per clip at hangovers from 240 ms to 1 s
-(README.md, the load simulator; the default is 500 ms, `--vad-hangover-ms`).
+(docs/operations.md, "Other commands", the load simulator; the default is 500 ms,
+`--vad-hangover-ms`).
 """
 
 from __future__ import annotations

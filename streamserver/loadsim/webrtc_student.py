@@ -245,7 +245,7 @@ class FastRtp:
     """A student's packets sent straight from its track: the RTP header packed here, SRTP by
     aiortc's own session for the peer, out of the nominated ICE pair's socket at once. aiortc's
     sender would build an RtpPacket with three header extensions and pass it through two
-    coroutines for every packet: at 2,000 students the simulator took a third of the host's
+    coroutines for every packet: at 2,000 students that costs the simulator a third of the host's
     cores, on the cores the server under test runs on. Its RTCP (sender reports) stays aiortc's.
     Reads aiortc internals: the names in AIORTC_SENDER_INTERNALS (tests/test_loadsim_webrtc.py)."""
 

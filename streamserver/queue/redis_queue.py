@@ -72,8 +72,9 @@ return {redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))}
 # hint goes to the front. Its audio is not in the hint: an utterance's hints hold the speech so
 # far, each a prefix of the next, so the hint audio key gets only what it does not hold yet
 # (whatever order two offers come in), and each sample goes through Redis, and its append-only
-# file, once. Whole, the hints of a 5 s utterance sent ~17 s of audio, and 4,000 students' hints
-# ~40 MB/s into the AOF (README, "Scaling out"). KEYS: hints, hint order, done, hint audio;
+# file, once. Sent whole, the hints of a 5 s utterance would carry ~17 s of audio, and 4,000
+# students' hints ~40 MB/s into the AOF (benchmarks/README.md, "4,000 WebSocket students with
+# captions"). KEYS: hints, hint order, done, hint audio;
 # ARGV: utterance id, hint head, score, speculative (1/0), HINTS_MAX, byte offset of the audio
 # piece, the piece, audio TTL (s). 1: offered; 2: the queue of hints is full (the piece kept);
 # 0: published already; -1: the key holds less than the piece's offset (it expired): send the

@@ -7,8 +7,8 @@ longer turn (a burst of DTLS handshakes as a class joins, a GC pause, a slow cal
 socket is behind by a few packets, and since it is then read only one packet per turn while it
 still gets one per 20 ms, it never catches up: the kernel's buffer fills, packets are dropped,
 the audio that is read is seconds late, and the consent replies behind it come so late that
-the browser's ICE gives up after ~30 s (measured at 70-100 students on 2 cores and ~250 per
-gateway on the H200 host; tests/test_udp_drain.py reproduces it). Read until the socket is empty
+the browser's ICE gives up after ~30 s (from 70-100 students a gateway on 2 cores;
+tests/test_udp_drain.py reproduces it). Read until the socket is empty
 (at most MAX_READS at a time, so that one flooded socket cannot starve the others) after a turn
 long enough to leave more than one packet in a socket, a late turn is made up in the next one;
 a larger receive buffer (RCVBUF) rides out the late turn itself.
@@ -50,8 +50,8 @@ class TurnTimingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid
 
     Each wake costs the loop and the kernel more than a packet's own work (about 40 us per
     packet on asyncio's loop with nothing done per packet, 2 cores here: tests/test_udp_drain.py),
-    and students' packets arrive spread over each 20 ms, so nearly every packet woke the loop on
-    its own. Before it waits, the loop now first sleeps until coalesce_s after its last wake, so
+    and students' packets arrive spread over each 20 ms, so nearly every packet would wake the loop
+    on its own. Before it waits, the loop first sleeps until coalesce_s after its last wake, so
     that each wake finds the packets of many students (22-24 us per packet at 2-5 ms): at most
     that much later for every event, never when callbacks are ready or a turn ran longer."""
 
