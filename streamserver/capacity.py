@@ -2,9 +2,9 @@
 down the students it has.
 
 Three things fill up, each measured here:
-- the event loop: its lag (loop_lag.py), and the CPU its thread spends per seated student, which
+- the event loop: its lag (loop_lag.py), and the CPU its thread spends per connected student, which
   says how many students the loop carries before it runs late (LOOP_SHARE of a core);
-- recognition: the students seated on every gateway, each expected to send utterances at the
+- recognition: the students connected on every gateway, each expected to send utterances at the
   larger of the measured rate and `expected_speaking` / the mean utterance length, against the
   workers' summed capacity (utterances/s each measures of itself); a class is planned at
   PLANNED_LOAD of it, so that bursts of speech queue for a fraction of a second, not for many;
@@ -40,7 +40,7 @@ REFUSED_LOG_S = 5.0  # a gateway that refuses says why at most this often
 class Load:
     """What the fleet's gateways and workers say of themselves."""
 
-    students: int = 0  # seated on every live gateway
+    students: int = 0  # connected on every live gateway
     utterances_per_s: float = 0.0  # that they send for recognition
     capacity: float = 0.0  # utterances/s the live workers get through
     workers: int = 0
@@ -51,7 +51,7 @@ class Capacity:
                  expected_speaking: float, name: str) -> None:
         self.sink, self.loop_lag, self.students = sink, loop_lag, students
         self.expected_speaking, self.name = expected_speaking, name
-        self.loop_cpu_per_student: float | None = None  # share of a core per seated student
+        self.loop_cpu_per_student: float | None = None  # share of a core per connected student
         self.utterance_s = UTTERANCE_S
         self.fleet = Load()
         self._submitted = (0, 0.0)  # the sink's (finals, audio seconds) at the last beat
