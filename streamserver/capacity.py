@@ -59,10 +59,14 @@ class Capacity:
         self._told = 0  # the students this gateway counted in its last beat (in fleet.students)
         self._joins = 0  # students connected since the last beat
         self._refused_logged = -1e9
+        self.stopped = False  # set before the task is cancelled (see run)
 
     async def run(self) -> None:
+        """Beat until stopped. A cancellation that lands as redis-py's own timeout expires comes
+        out of it as a TimeoutError (an OSError, so "unreachable") on Python 3.11: the loop
+        then ends on `stopped`, or re-raises when its task is being cancelled, never beats on."""
         cpu, wall = time.thread_time(), time.monotonic()  # this coroutine runs on the loop's thread
-        while True:
+        while not self.stopped:
             await asyncio.sleep(BEAT_S)
             cpu_now, wall_now = time.thread_time(), time.monotonic()
             self._measure((cpu_now - cpu) / max(wall_now - wall, 1e-3), wall_now - wall)
@@ -72,6 +76,9 @@ class Capacity:
                 await self.sink.queue.gateway_beat(self.name, {"students": students, "utt_per_s": round(self._rate, 4)})
                 self.fleet, self._told = Load(*await self.sink.queue.fleet_load()), students
             except UNREACHABLE as error:  # the queue's own check says so to a join
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError from error
                 log.debug("fleet load not read: %s", error)
 
     def joined(self) -> None:

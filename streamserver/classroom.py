@@ -131,6 +131,7 @@ class Classroom:
                        loop.create_task(self.capacity.run())]
 
     async def stop(self) -> None:
+        self.capacity.stopped = True
         for task in self._tasks:
             task.cancel()
         for connection in list(self.connections.values()):
