@@ -194,7 +194,7 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
                    help="answer new students 'busy' (503) when the expected transcription wait passes this (default %(default)s)")
     p.add_argument("--expected-speaking", type=_share, default=0.1, metavar="SHARE",
                    help="share of the time a student is expected to speak: new students are answered 'busy' "
-                        "when the workers could not keep up with every seated student speaking that much, or "
+                        "when the workers could not keep up with every connected student speaking that much, or "
                         "the more they are measured to speak (default %(default)s)")
     p.add_argument("--max-queued", type=int, nargs=3, default=(2000, 200, 8), metavar=("ALL", "ROOM", "STUDENT"),
                    help="utterances that may wait for recognition in all, per room and per student; past them an "

@@ -50,7 +50,7 @@ class Settings:
     max_audio_rate: float = 1.5  # x real time a student's stream may send (audio/pacing.py); more closes it
     queue_bounds: Bounds = field(default_factory=Bounds)  # utterances waiting: in all, per room, per student
     max_queue_wait_s: float = 5.0  # expected recognition wait past which new students hear "busy"
-    # share of the time a seated student is expected to speak: admission plans recognition for it
+    # share of the time a connected student is expected to speak: admission plans recognition for it
     # (capacity.py), and for more once the students are measured to speak more
     expected_speaking: float = 0.1
     gateway_name: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}")
