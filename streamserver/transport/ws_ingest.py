@@ -25,9 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
-import time
-from typing import Awaitable, Callable
+from typing import Callable
 
 import av
 import numpy as np
@@ -136,11 +134,7 @@ async def serve(
     end it from outside. The caller has checked the token, seated the student and ends the stream
     afterwards."""
     await ws.prepare(request)
-    end = end or Ender(ws)
-    try:
-        await _stream(ws, identity, push, current, keep, end)
-    finally:
-        end.taken.set()
+    await _stream(ws, identity, push, current, keep, end or Ender(ws))
     return ws
 
 
@@ -153,86 +147,95 @@ async def _stream(
     ws: web.WebSocketResponse, identity: dict[str, str], push: Callable[[np.ndarray], None], current: Callable[[], bool],
     keep: Keep, end: Ender,
 ) -> None:
-    room_id, student_id = identity["room_id"], identity["student_id"]
+    who = f'{identity["room_id"]}/{identity["student_id"]}'
     await ws.send_json({"type": "ready", **identity, "sample_rate": RATE, "format": "pcm16"})
-    if end.why is not None:  # ended before it started
-        await _close(ws, *end.why)
-        return
-    decoder: Pcm16Decoder | OpusDecoder = Pcm16Decoder()
-    first = True
+    replaced: tuple[str, int] | None = None
     try:
-        async for message in ws:
-            if end.why is not None:  # the server ends it: closed from here, the reader (see Ender)
-                end.taken.set()
-                await _close(ws, *end.why)
-                return
-            end.heard = time.monotonic()
-            if not current():
-                await _close(ws, "replaced by a newer connection of this student", CLOSE_REPLACED)
-                return
-            if message.type == WSMsgType.BINARY:
-                if len(message.data) > MAX_MESSAGE_BYTES:
-                    raise BadInput(f"message of {len(message.data)} bytes is over {MAX_MESSAGE_BYTES}", CLOSE_TOO_BIG)
-                try:
-                    push(decoder.decode(message.data))
-                except TooFast as error:
-                    raise BadInput(str(error), CLOSE_TOO_FAST) from None
-            elif message.type == WSMsgType.TEXT:
-                if not first:
-                    raise BadInput("a format message must come before any audio", CLOSE_UNSUPPORTED)
-                fmt, times = _read_format(message.data)
-                if times is not None:
-                    keep(times)
-                decoder = OpusDecoder() if fmt == "opus" else Pcm16Decoder()
-                await ws.send_json({"type": "format", "format": fmt, "sample_rate": 48000 if fmt == "opus" else RATE})
-            elif message.type == WSMsgType.ERROR:  # e.g. over the transport limit: aiohttp closes with 1009
-                log.info("ingest stream of %s/%s: %s", room_id, student_id, ws.exception())
-                return
-            first = False
+        end.reader = asyncio.current_task()
+        try:
+            if end.why is None:  # not ended before it started
+                replaced = await _listen(ws, who, push, current, keep)
+        finally:
+            end.reader = None  # from here on the Ender no longer interrupts this task
+    except asyncio.CancelledError:
+        if not end.interrupted():
+            raise
     except BadInput as error:
         await _close(ws, str(error), error.code)
+        return
     except Exception:  # a bug of ours must end this stream only, never the room
-        log.exception("ingest stream of %s/%s failed", room_id, student_id)
+        log.exception("ingest stream of %s failed", who)
         await _close(ws, "internal error", WSCloseCode.INTERNAL_ERROR)
+        return
+    why = end.why or replaced
+    if why is not None:  # the server ends it: closed from here, the reader (see Ender)
+        await _close(ws, *why)
+
+
+async def _listen(
+    ws: web.WebSocketResponse, who: str, push: Callable[[np.ndarray], None], current: Callable[[], bool], keep: Keep,
+) -> tuple[str, int] | None:
+    """The client's messages until it closes (or the Ender interrupts this); the reason and code
+    to close with if the stream turns out to be replaced."""
+    decoder: Pcm16Decoder | OpusDecoder = Pcm16Decoder()
+    first = True
+    async for message in ws:
+        if not current():
+            return "replaced by a newer connection of this student", CLOSE_REPLACED
+        if message.type == WSMsgType.BINARY:
+            if len(message.data) > MAX_MESSAGE_BYTES:
+                raise BadInput(f"message of {len(message.data)} bytes is over {MAX_MESSAGE_BYTES}", CLOSE_TOO_BIG)
+            try:
+                push(decoder.decode(message.data))
+            except TooFast as error:
+                raise BadInput(str(error), CLOSE_TOO_FAST) from None
+        elif message.type == WSMsgType.TEXT:
+            if not first:
+                raise BadInput("a format message must come before any audio", CLOSE_UNSUPPORTED)
+            fmt, times = _read_format(message.data)
+            if times is not None:
+                keep(times)
+            decoder = OpusDecoder() if fmt == "opus" else Pcm16Decoder()
+            await ws.send_json({"type": "format", "format": fmt, "sample_rate": 48000 if fmt == "opus" else RATE})
+        elif message.type == WSMsgType.ERROR:  # e.g. over the transport limit: aiohttp closes with 1009
+            log.info("ingest stream of %s: %s", who, ws.exception())
+            return None
+        first = False
+    return None
 
 
 class Ender:
     """How the server ends a stream from outside (a reconnect replaced it, the room closed): a
-    reason, then a close. aiohttp's close() from another task, while the stream's reader waits
-    in receive(), drops the connection as soon as its close frame is out, without reading what
-    the client has sent meanwhile: a client whose audio is still arriving then gets a reset, may
-    lose our close frame and sees 1006 in place of our code (a replaced tab that takes it for a
-    network break reconnects, and replaces the newer tab in turn). Closed by the reader itself,
-    close() reads up to the client's close frame first. So a stream heard from within SENDING_S
-    is left to its reader, which closes it at its next message (or this closes it after
-    HANDOFF_S, in the background: the caller never waits); a silent one (a dead link, an idle
-    client) is closed at once."""
-
-    SENDING_S = 0.25  # a live audio client sends every 20-100 ms
-    HANDOFF_S = 1.0
+    reason, then a close made by the stream's own task. aiohttp's close() from another task,
+    while the reader waits in receive(), drops the connection as soon as its close frame is out:
+    the client's answering close frame then meets a closed socket, and an aiohttp client reports
+    1006 in place of our code (a replaced tab that takes it for a network break reconnects, and
+    replaces the newer tab in turn). Closed by the reader itself, close() reads up to the client's
+    close frame first. So the reader is interrupted where it waits (cancelled, and the
+    cancellation taken back: see interrupted()) and closes the stream; the caller never waits."""
 
     def __init__(self, ws: web.WebSocketResponse) -> None:
         self.ws = ws
         self.why: tuple[str, int] | None = None
-        self.heard = -math.inf  # time.monotonic() of the client's last message
-        self.taken = asyncio.Event()  # the reader has it (or has ended)
-        self._fallback: asyncio.Task | None = None  # held: the loop keeps only a weak reference to a task
+        # the stream's task while it listens to the client: every await in between lies in
+        # _listen, so a cancellation sent while this is set lands there and nowhere else
+        self.reader: asyncio.Task | None = None
+        self._interrupting = False
 
     async def __call__(self, reason: str, code: int) -> None:
         self.why = (reason, code)  # a stream not yet started reads it at its start
-        if not self.ws.prepared or self.ws.closed:
-            return
-        if time.monotonic() - self.heard < self.SENDING_S:
-            self._fallback = asyncio.ensure_future(self._close_unless_taken(reason, code))
-        else:
-            await _close(self.ws, reason, code)
+        if self.reader is not None and not self._interrupting:
+            self._interrupting = True
+            self.reader.cancel()
 
-    async def _close_unless_taken(self, reason: str, code: int) -> None:
-        try:
-            await asyncio.wait_for(self.taken.wait(), self.HANDOFF_S)
-        except TimeoutError:
-            if not self.ws.closed:
-                await _close(self.ws, reason, code)
+    def interrupted(self) -> bool:
+        """In the reader, on a CancelledError: whether it is this Ender's (then taken back, so
+        that the task goes on to close the stream) rather than the task's own."""
+        task = asyncio.current_task()
+        if not self._interrupting or task is None or task.cancelling() != 1:
+            return False
+        task.uncancel()
+        return True
 
 
 async def _close(ws: web.WebSocketResponse, reason: str, code: int) -> None:
