@@ -26,7 +26,7 @@ from streamserver.config import Settings
 from streamserver.events import RoomClosedEvent, StudentEvent, now
 from streamserver.loop_lag import LoopLag
 from streamserver.metrics import Metrics
-from streamserver.queue.base import spoken_of
+from streamserver.queue.base import UNREACHABLE, spoken_of
 from streamserver.queue.sink import Busy, UtteranceSink
 from streamserver.rooms.admission import Admission, AddressLimits
 from streamserver.rooms.directory import RoomDirectory
@@ -43,6 +43,7 @@ PARKED_S = 30.0  # a page that keeps its audio has this long to come back before
 PEER_TOLD_S = 0.5  # a page's "ended" message has this long to get out before its peer closes
 ACKS_LATE_S = 1.5  # a round of acks later than this after the last is logged (clients give up at 2 s)
 RECALL_EVENTS = 500  # of the room's history, read for what a catching-up student had published
+RECALL_WAIT_S = 2.0  # a catch-up waits this long at most for where its queued utterances lie
 
 
 class Background(Protocol):
@@ -273,7 +274,7 @@ class Classroom:
         if keeps is not None:
             audio.keep(catch_up, clock=str(keeps.get("clock") or ""))
             if catch_up:
-                await self.recall_spoken(room, student_id, audio.stream_clock)
+                audio.already_sent(await self.sent_before(room, student_id, audio.stream_clock))
 
         def on_channel(channel) -> None:  # noqa: ANN001 - aiortc's RTCDataChannel
             connection = self.connections.get(key)
@@ -386,6 +387,17 @@ class Classroom:
                 audio.close()
 
         asyncio.get_running_loop().call_later(max(PARKED_S, self.settings.leave_grace_s), give_up)
+
+    async def sent_before(self, room: Room, student_id: str, clock: str) -> list[tuple[float, float]]:
+        """A page sends audio again: where its utterances already queued or published lie on its
+        clock (audio/sent_again.py). None found when the queue does not answer in time: the
+        check at publication still keeps a copy out of the room."""
+        await self.recall_spoken(room, student_id, clock)
+        try:
+            return await asyncio.wait_for(self.sink.queue.sent_spans(room.room_id, spoken_of(student_id, clock)), RECALL_WAIT_S)
+        except (*UNREACHABLE, TimeoutError) as error:
+            log.warning("queued utterances of student %s not read for its catch-up: %s", student_id, error)
+            return []
 
     async def recall_spoken(self, room: Room, student_id: str, clock: str) -> None:
         """A page sends audio again: a queue that keeps no record of its own (a `serve` that

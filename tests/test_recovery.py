@@ -25,7 +25,7 @@ from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import TranscriptEvent, Utterance, now
 from streamserver.loadsim.clients import create_room, link_param
 from streamserver.loadsim.ws_student import WsStudent
-from streamserver.queue.base import covered
+from streamserver.queue.base import covered, spoken_of
 from streamserver.queue.memory_queue import MemoryQueue
 from streamserver.queue.redis_queue import RedisQueue
 from tests.recovery_track import match_sentences, pcm16, track, wer
@@ -261,3 +261,54 @@ def test_one_slow_client_does_not_hold_up_the_others_acks():
 
     sent, cancelled, took = asyncio.run(body())
     assert sent == ["a", "b", "c"] and cancelled and took < 1.0
+
+
+def test_speech_queued_before_a_break_is_not_cut_again_from_its_resend(librivox):
+    """A page that lost its acks sends again speech whose utterance is queued already: its
+    samples are silenced before the VAD (audio/sent_again.py), so only the speech in progress at
+    the break becomes an utterance, whole; sent again unmasked, the queued one comes out twice."""
+    silence = np.zeros(16000, np.int16)
+    first, second = pcm16_array(librivox[1][1]), pcm16_array(librivox[2][1])
+    before_break = np.concatenate([silence, first, silence, second[: second.size // 2]])
+    after_break = np.concatenate([second[second.size // 2 :], silence])
+
+    queued: list[Utterance] = []
+    live = StudentAudio("r", "s", "Ann", "en", queued.append, pacer=_unpaced())
+    live.keep(False, start=0.0, stream_now=0.0, clock="c1")
+    live.push_pcm16(before_break)
+    live.close(flush=False)  # a break: the speech in progress is the page's to send again
+    [held] = queued
+    assert held.stream_span is not None
+
+    def resend(already: list[tuple[float, float]]) -> list[Utterance]:
+        emitted: list[Utterance] = []
+        audio = StudentAudio("r", "s", "Ann", "en", emitted.append, pacer=_unpaced())
+        audio.keep(False, start=0.0, live_from=before_break.size / 16000, stream_now=0.0, clock="c1")
+        audio.already_sent(already)
+        for piece in np.array_split(np.concatenate([before_break, after_break]), 40):
+            audio.push_pcm16(piece)
+        return emitted
+
+    [new] = resend([held.stream_span])
+    assert new.recovered and new.stream_span[0] >= held.stream_span[1] - 0.05
+    second_starts = (2 * 16000 + first.size) / 16000
+    assert new.stream_span[0] <= second_starts + 0.1  # the speech in progress, from its start ...
+    assert new.audio.size >= second.size  # ... to its end: nothing of it lost
+    assert len(resend([])) == 2  # unmasked: the queued speech a second time
+
+
+def test_both_queues_know_where_queued_utterances_lie_before_they_are_published(redis_url):
+    async def body() -> None:
+        memory = MemoryQueue(OrderedPublisher(MemoryBus()))
+        redis_queue = RedisQueue(redis_url, "w")
+        for queue in (memory, redis_queue):
+            u = Utterance(uuid_hex(), "r-sent", "s", "Ann", "en", np.zeros(160, np.float32), now(), now(),
+                          stream_span=(3.0, 5.5), recovered=False, stream_clock="c7")
+            await queue.submit(u)
+            assert await queue.sent_spans("r-sent", spoken_of("s", "c7")) == [(3.0, 5.5)]  # in flight: known
+            assert await queue.sent_spans("r-sent", spoken_of("s", "c8")) == []  # a reload's clock: new
+            assert await queue.claim(TranscriptEvent.of(u, "hello", "en"))
+            assert (3.0, 5.5) in await queue.sent_spans("r-sent", spoken_of("s", "c7"))
+        await redis_queue.close()
+
+    asyncio.run(body())

@@ -221,11 +221,11 @@ async def ingest(request: web.Request) -> web.StreamResponse:
         return _error(503, str(error))
     try:
         identity = {"room_id": room.room_id, "student_id": student_id, "resume": student.resume}
-        def keep(times: dict) -> None:
+        async def keep(times: dict) -> None:
             audio.keep(False, times["start"], times["live_from"], times["now"], times["clock"])
             if catch_up and times["live_from"] is not None:
                 log.info("student %s sends %.1f s of its audio again", student_id, times["live_from"] - times["start"])
-                classroom.spawn(classroom.recall_spoken(room, student_id, times["clock"]))
+                audio.already_sent(await classroom.sent_before(room, student_id, times["clock"]))
 
         return await ws_ingest.serve(request, ws, identity, audio.push_pcm16,
                                      lambda: classroom.is_current(room, student_id, audio), keep, end)

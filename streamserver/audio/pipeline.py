@@ -19,6 +19,7 @@ import numpy as np
 from engines.features import SAMPLE_RATE
 from streamserver.audio.pacing import Pacer
 from streamserver.audio.resample import To16kMono
+from streamserver.audio.sent_again import silence_sent
 from streamserver.audio.segmenter import SegmentedSpeech, SegmenterConfig, UtteranceSegmenter
 from streamserver.audio.timeline import StreamClock
 from streamserver.events import Utterance, audio_digest, now
@@ -72,6 +73,7 @@ class StudentAudio:
         self._wait_until = 0.0  # monotonic: the catch-up is given up after this
         self._catch_up_pacer: Pacer | None = None
         self._ack_cap: float | None = None  # a catch-up that stopped short: acks stay before its hole
+        self._sent: list[tuple[float, float]] = []  # spans of the clock already queued (already_sent)
         self.stream_clock = ""
         self.said_bye = False  # the page left on purpose: its last speech is flushed, not kept
         self.closed = False
@@ -107,7 +109,10 @@ class StudentAudio:
             self._live_run = True
             self.clock.add_run(self._fed, self._live_start)
         sent_again = self._fed < self._recovered_before  # dated when it was spoken, not now
-        self._feed(pcm, self._spoken_at(self._fed + pcm.size) if sent_again else None)
+        if sent_again:
+            self._feed(self._new_only(pcm), self._spoken_at(self._fed + pcm.size))
+        else:
+            self._feed(pcm)
 
     def _spoken_at(self, sample: int) -> float | None:
         """When a sample was spoken, on the server clock (None while the clocks are not tied)."""
@@ -154,6 +159,15 @@ class StudentAudio:
                 self._wait_until = time.monotonic() + CATCH_UP_WAIT_S
         return self._live_start
 
+    def already_sent(self, spans: list[tuple[float, float]]) -> None:
+        """Spans of this page's clock whose utterances are queued already: what the page sends
+        again of them is silenced before the VAD (audio/sent_again.py)."""
+        self._sent = sorted(spans)
+
+    def _new_only(self, pcm: np.ndarray) -> np.ndarray:
+        start = self.clock.at(self._fed)
+        return silence_sent(pcm, start, self._sent) if self._sent and start is not None else pcm
+
     @property
     def catching_up(self) -> bool:
         return self._held is not None
@@ -174,7 +188,7 @@ class StudentAudio:
         if self._held is None or self._catch_up_pacer is None:
             raise ValueError("no catch-up is under way")
         self._catch_up_pacer.take(pcm.size)
-        self._feed(pcm, self._spoken_at(self._fed + pcm.size))
+        self._feed(self._new_only(pcm), self._spoken_at(self._fed + pcm.size))
         self._wait_until = time.monotonic() + CATCH_UP_WAIT_S
 
     def end_catch_up(self, complete: bool = False) -> None:

@@ -91,6 +91,12 @@ def spoken_key(room_id: str, student_id: str) -> str:
     return f"room:{room_id}:spoken:{student_id}"
 
 
+def sent_key(room_id: str, spoken: str) -> str:
+    """Where a student clock's queued utterances lie on it (a sorted set): audio the page sends
+    again that one of them holds is not recognised a second time (audio/sent_again.py)."""
+    return f"room:{room_id}:sent:{spoken}"
+
+
 def done_key(utterance_id: str) -> str:
     return f"asr:done:{utterance_id}"
 

@@ -158,6 +158,10 @@ class UtteranceQueue(Protocol):
         """Those of the utterances whose result is published (or that were found to be copies of
         a published one, queue/base.py covered): the audio of the others is not safe yet."""
 
+    async def sent_spans(self, room_id: str, spoken: str) -> list[tuple[float, float]]:
+        """Spans (start, end) on a student clock (spoken_of) of its utterances queued or
+        published: audio sent again that they hold is a copy (audio/sent_again.py)."""
+
     keeps_spoken: bool  # the queue's spoken record survives a restart of this process (Redis)
 
     def remember_spoken(self, room_id: str, spoken: str, spans: list[tuple[float, float, bool]]) -> None:

@@ -47,6 +47,8 @@ class MemoryQueue:
         self._speculations: OrderedDict[str, tuple[Speculation, float]] = OrderedDict()
         # (room, student) -> spans published, on the student's clock (queue/base.py: covered)
         self._spoken: OrderedDict[tuple[str, str], list[tuple[float, float, bool]]] = OrderedDict()
+        # (room, student clock) -> spans queued, on that clock (sent_spans)
+        self._sent: OrderedDict[tuple[str, str], list[tuple[float, float]]] = OrderedDict()
 
     async def submit(self, u: Utterance) -> str:
         b, student = self.bounds, (u.room_id, u.student_id)
@@ -60,6 +62,10 @@ class MemoryQueue:
         self._per_student[student] += 1
         entry_id = f"{int(time.time() * 1000)}-{next(self._ids)}"  # as a Redis stream's: queue.base.queued_at
         self._waiting.append((entry_id, u))
+        if u.stream_span is not None:
+            sent = _recent(self._sent, (u.room_id, spoken_of(u.student_id, u.stream_clock)))
+            sent.append(u.stream_span)
+            sent[:] = [s for s in sent if s[1] > u.stream_span[1] - SPOKEN_KEPT_S]
         self._hints.pop(u.utterance_id, None)  # the final makes its hint pointless
         self._arrived.set()
         return entry_id
@@ -138,14 +144,11 @@ class MemoryQueue:
         record += [s for s in spans if s not in record]
 
     def _spoken_of(self, room_id: str, spoken: str) -> list[tuple[float, float, bool]]:
-        """A student clock's record (queue/base.py spoken_of), the most recently used kept
-        (SPOKEN_STUDENTS)."""
-        key = (room_id, spoken)
-        spoken = self._spoken.pop(key, [])
-        self._spoken[key] = spoken
-        if len(self._spoken) > SPOKEN_STUDENTS:
-            self._spoken.popitem(last=False)
-        return spoken
+        return _recent(self._spoken, (room_id, spoken))
+
+    async def sent_spans(self, room_id: str, spoken: str) -> list[tuple[float, float]]:
+        published = [(s, e) for s, e, _ in self._spoken_of(room_id, spoken)]
+        return _recent(self._sent, (room_id, spoken)) + published
 
     async def done_of(self, utterance_ids: list[str]) -> set[str]:
         return {uid for uid in utterance_ids if uid in self._done}
@@ -224,3 +227,13 @@ def _decrement(counts: Counter, key: object) -> None:
     counts[key] -= 1
     if counts[key] <= 0:
         del counts[key]
+
+
+def _recent(records: OrderedDict, key: tuple[str, str]) -> list:
+    """A student clock's record (queue/base.py spoken_of), made if new; the most recently used
+    are kept (SPOKEN_STUDENTS)."""
+    record = records.pop(key, [])
+    records[key] = record
+    if len(records) > SPOKEN_STUDENTS:
+        records.popitem(last=False)
+    return record

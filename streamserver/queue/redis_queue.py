@@ -22,7 +22,7 @@ from streamserver.bus.connect import redis_client
 from streamserver.bus.keys import (
     BACKLOG, GATEWAYS, HINT_ORDER, HINTS, HISTORY_FIELD, JOB_GROUP, JOBS, SPECULATIVE_FIRST, TRANSCRIPT_RETENTION_S, WORKERS, alive_key,
     attempts_key, backlog_fields, done_key, gateway_alive_key, hint_audio_key, history_key, is_final_transcript, room_channel, speculation_key,
-    spoken_key, transcript_key,
+    sent_key, spoken_key, transcript_key,
 )
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
 from streamserver.queue.base import (
@@ -52,8 +52,9 @@ FORGET_IDLE_MS = 10 * 60 * 1000  # a consumer with nothing pending, silent this 
 
 # Queue a job unless its student, its room or the whole queue is at its bound (the backlog
 # counts are kept with the stream, atomically); the utterance's hint and its audio go (the final
-# makes them pointless). KEYS: stream, backlog, hints, hint order, hint audio; ARGV: room field,
-# student field, total, per room, per student, utterance id, then the job's field/value pairs.
+# makes them pointless); its span on its student's clock is recorded (sent_key). KEYS: stream,
+# backlog, hints, hint order, hint audio, sent; ARGV: room field, student field, total, per room,
+# per student, utterance id, span start and end ('' for none), then the job's field/value pairs.
 # The entry id, or the name of the bound reached.
 _SUBMIT = """
 if tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0') >= tonumber(ARGV[5]) then return 'student' end
@@ -64,8 +65,14 @@ redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
 redis.call('HDEL', KEYS[3], ARGV[6])
 redis.call('ZREM', KEYS[4], ARGV[6])
 redis.call('DEL', KEYS[5])
-return {redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))}
-"""
+if ARGV[7] ~= '' then
+  local e = tonumber(ARGV[8])
+  redis.call('ZADD', KEYS[6], e, ARGV[7] .. ',' .. ARGV[8] .. ',' .. ARGV[6])
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', e - SPOKEN_KEPT)
+  redis.call('EXPIRE', KEYS[6], SPOKEN_KEPT)
+end
+return {redis.call('XADD', KEYS[1], '*', unpack(ARGV, 9))}
+""".replace("SPOKEN_KEPT", str(SPOKEN_KEPT_S))
 
 # Keep an utterance's newest hint, unless it is published already or HINTS_MAX wait. A partial
 # that replaces a partial keeps its place in line (students are served in turn); a speculative
@@ -250,9 +257,11 @@ class RedisQueue:
         b = self.bounds
         fields = [item for pair in encode_job(u).items() for item in pair]
         self._hint_audio.pop(u.utterance_id, None)  # the script deletes its hint audio
-        reply = await self._submit(keys=[JOBS, BACKLOG, HINTS, HINT_ORDER, hint_audio_key(u.utterance_id)],
+        span = [repr(u.stream_span[0]), repr(u.stream_span[1])] if u.stream_span is not None else ["", ""]
+        sent = sent_key(u.room_id, spoken_of(u.student_id, u.stream_clock))
+        reply = await self._submit(keys=[JOBS, BACKLOG, HINTS, HINT_ORDER, hint_audio_key(u.utterance_id), sent],
                                    args=[*backlog_fields(u.room_id, u.student_id), b.total, b.per_room, b.per_student,
-                                         u.utterance_id, *fields])
+                                         u.utterance_id, *span, *fields])
         if not isinstance(reply, list):
             scope = reply.decode()
             raise QueueFull(scope, {"student": b.per_student, "room": b.per_room}.get(scope, b.total))
@@ -336,6 +345,17 @@ class RedisQueue:
                 pipe.exists(done_key(uid))
             found = await pipe.execute()
         return {uid for uid, hit in zip(utterance_ids, found) if hit}
+
+    async def sent_spans(self, room_id: str, spoken: str) -> list[tuple[float, float]]:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrange(sent_key(room_id, spoken), 0, -1)
+            pipe.zrange(spoken_key(room_id, spoken), 0, -1)  # published without a job: a fallback's claim
+            members = [m for found in await pipe.execute() for m in found]
+        spans = []
+        for member in members:
+            start, end = member.decode().split(",")[:2]
+            spans.append((float(start), float(end)))
+        return spans
 
     keeps_spoken = True  # Redis keeps the spoken record (spoken_key) through restarts of anyone
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Callable
+from typing import Awaitable, Callable
 
 import av
 import numpy as np
@@ -120,12 +120,12 @@ def new_socket() -> web.WebSocketResponse:
     return web.WebSocketResponse(heartbeat=20, max_msg_size=TRANSPORT_LIMIT_BYTES)
 
 
-Keep = Callable[[dict], None]
+Keep = Callable[[dict], Awaitable[None]]
 
 
 async def serve(
     request: web.Request, ws: web.WebSocketResponse, identity: dict[str, str], push: Callable[[np.ndarray], None],
-    current: Callable[[], bool], keep: Keep = lambda _times: None, end: Ender | None = None,
+    current: Callable[[], bool], keep: Keep | None = None, end: Ender | None = None,
 ) -> web.WebSocketResponse:
     """Run one student's stream until either side closes: decoded 16 kHz PCM goes to `push`
     while `current()` says this stream is still the student's (a reconnect replaces it).
@@ -145,7 +145,7 @@ def said_goodbye(ws: web.WebSocketResponse) -> bool:
 
 async def _stream(
     ws: web.WebSocketResponse, identity: dict[str, str], push: Callable[[np.ndarray], None], current: Callable[[], bool],
-    keep: Keep, end: Ender,
+    keep: Keep | None, end: Ender,
 ) -> None:
     who = f'{identity["room_id"]}/{identity["student_id"]}'
     await ws.send_json({"type": "ready", **identity, "sample_rate": RATE, "format": "pcm16"})
@@ -173,7 +173,8 @@ async def _stream(
 
 
 async def _listen(
-    ws: web.WebSocketResponse, who: str, push: Callable[[np.ndarray], None], current: Callable[[], bool], keep: Keep,
+    ws: web.WebSocketResponse, who: str, push: Callable[[np.ndarray], None], current: Callable[[], bool],
+    keep: Keep | None,
 ) -> tuple[str, int] | None:
     """The client's messages until it closes (or the Ender interrupts this); the reason and code
     to close with if the stream turns out to be replaced."""
@@ -193,8 +194,8 @@ async def _listen(
             if not first:
                 raise BadInput("a format message must come before any audio", CLOSE_UNSUPPORTED)
             fmt, times = _read_format(message.data)
-            if times is not None:
-                keep(times)
+            if times is not None and keep is not None:
+                await keep(times)  # the audio waits meanwhile: it is fed knowing what it repeats
             decoder = OpusDecoder() if fmt == "opus" else Pcm16Decoder()
             await ws.send_json({"type": "format", "format": fmt, "sample_rate": 48000 if fmt == "opus" else RATE})
         elif message.type == WSMsgType.ERROR:  # e.g. over the transport limit: aiohttp closes with 1009
