@@ -34,6 +34,8 @@ from pathlib import Path
 
 from benchmarks.cpu_use import CpuSampler
 from streamserver.audio.segmenter import SegmenterConfig
+from streamserver.config import Settings
+from streamserver.loadsim.config import LoadConfig
 from tests.redis_server import RedisServer, free_port
 
 EXE = [sys.executable, "-m", "streamserver"]
@@ -157,20 +159,20 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--students", type=int, default=100)
     p.add_argument("--duration", type=float, default=60)
-    p.add_argument("--rooms", type=int, default=1)
-    p.add_argument("--speak-ratio", type=float, default=0.1)
+    p.add_argument("--rooms", type=int, default=LoadConfig.rooms)
+    p.add_argument("--speak-ratio", type=float, default=LoadConfig.speak_ratio)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="per worker")
-    p.add_argument("--max-batch", type=int, default=16, help="per worker")
-    p.add_argument("--model", default="tiny.en")
-    p.add_argument("--backend", default="onnxruntime")
+    p.add_argument("--max-batch", type=int, default=Settings.max_batch, help="per worker")
+    p.add_argument("--model", default=Settings.model)
+    p.add_argument("--backend", default=Settings.backend)
     p.add_argument("--worker-args", default="", metavar="ARGS",
                    help="more arguments for every worker, one shell-quoted string (e.g. \"--backend torch-cuda --max-batch 64\"; "
                    "a flag given here overrides the one built from --model/--backend/--threads/--max-batch)")
     p.add_argument("--gateways", type=int, default=1, metavar="G", help="gateway processes; the simulator's rooms are spread over them")
-    p.add_argument("--vad-hangover-ms", type=int, metavar="MS", help="the gateways' --vad-hangover-ms (default: theirs, 500)")
-    p.add_argument("--loadsim-processes", type=int, default=1, metavar="P", help="the simulator's --processes")
-    p.add_argument("--transport", choices=("ws", "webrtc"), default="ws", help="how the simulated students send audio")
+    p.add_argument("--vad-hangover-ms", type=int, metavar="MS", help=f"the gateways' --vad-hangover-ms (default: theirs, {SegmenterConfig.hangover_ms})")
+    p.add_argument("--loadsim-processes", type=int, default=LoadConfig.processes, metavar="P", help="the simulator's --processes")
+    p.add_argument("--transport", choices=("ws", "webrtc"), default=LoadConfig.transport, help="how the simulated students send audio")
     p.add_argument("--ready-timeout", type=float, default=180, metavar="S",
                    help="longest wait for a worker's /readyz (the GPU engine compiles for 1-2 minutes first)")
     p.add_argument("--logs", type=Path, metavar="DIR", help="the processes' logs (default OUT/logs)")

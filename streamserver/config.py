@@ -1,13 +1,31 @@
-"""One settings object for the server, from flags and the environment."""
+"""One settings object for the server, from flags and the environment.
+
+Each default is written once: here, or in the module that owns it (the segmenter's hangover, the
+pacing rate, the packaged model), which Settings reads; the command line's defaults read these
+(tests/test_defaults.py checks both).
+"""
 
 from __future__ import annotations
 
 import os
 import secrets
-import socket
 from dataclasses import dataclass, field
 
+from engines.backends import DEFAULT_BACKEND
+from engines.weights import DEFAULT_MODEL
+from streamserver.audio.pacing import RATE
+from streamserver.audio.segmenter import SegmenterConfig
 from streamserver.bus.keys import TRANSCRIPT_RETENTION_S
+from streamserver.instance import instance_name
+
+# Live captions (asr/worker.py): while the engine has headroom, always, never.
+PARTIAL_MODES = ("auto", "on", "off")
+THREADS_MAX = 4  # inference threads, unless given: the CPU's cores up to this many
+
+
+def default_threads(most: int = THREADS_MAX) -> int:
+    """The CPU's cores, at most `most`: what an engine runs on unless told otherwise."""
+    return min(most, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -30,9 +48,9 @@ class Settings:
     spool_dir: str | None = None  # gateway: utterances the job queue cannot take wait here, on disk
     fallback_model: str | None = None  # gateway: recognise here what the central workers cannot (asr/fallback.py)
     fallback_after_s: float = 3.0  # ... also a queued utterance not published this long after its end
-    model: str = "tiny.en"
-    backend: str = "onnxruntime"  # or tensorrt, torch-cuda, auto (engines.loading.load_engine)
-    threads: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))
+    model: str = DEFAULT_MODEL
+    backend: str = DEFAULT_BACKEND  # or tensorrt, torch-cuda, auto (engines.loading.load_engine)
+    threads: int = field(default_factory=default_threads)
     # ICE: aiortc does no trickle ICE and, left alone, asks a public STUN server; both explicit.
     ice_servers: list[dict] = field(default_factory=list)  # [{"urls": [...], "username", "credential"}]
     ice_hosts: list[str] = field(default_factory=list)  # host candidate addresses; empty: all but loopback
@@ -47,17 +65,17 @@ class Settings:
     leave_grace_s: float = 5.0  # a student reconnecting within it keeps the seat with no left/joined pair
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KB
     max_batch: int = 16
-    max_audio_rate: float = 1.5  # x real time a student's stream may send (audio/pacing.py); more closes it
+    max_audio_rate: float = RATE  # x real time a student's stream may send (audio/pacing.py); more closes it
     queue_bounds: Bounds = field(default_factory=Bounds)  # utterances waiting: in all, per room, per student
     max_queue_wait_s: float = 5.0  # expected recognition wait past which new students hear "busy"
     # share of the time a connected student is expected to speak: admission plans recognition for it
     # (capacity.py), and for more once the students are measured to speak more
     expected_speaking: float = 0.1
-    gateway_name: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}")
+    gateway_name: str = field(default_factory=instance_name)
     history_len: int = 500
     transcript_retention_s: int = TRANSCRIPT_RETENTION_S  # a class transcript is kept this long after its last final
-    vad_hangover_ms: int = 500  # silence that ends an utterance (audio/segmenter.py); a latency floor
-    partials: str = "auto"  # live captions: on, off, auto (while the engine has headroom; asr/worker.py)
+    vad_hangover_ms: int = SegmenterConfig.hangover_ms  # silence that ends an utterance (audio/segmenter.py); a latency floor
+    partials: str = "auto"  # live captions, one of PARTIAL_MODES
     partial_interval_ms: int = 1000  # a live caption per this much new voiced audio
     public_url: str | None = None  # base of the URLs handed out; default http(s)://host:port
     tls_ca_cert: str | None = None  # the self-signed CA (--tls-self-signed), offered at /ca.crt

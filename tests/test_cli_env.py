@@ -70,3 +70,12 @@ def test_a_redacted_message_keeps_its_percent_signs():
     record = logging.LogRecord("aiohttp.access", logging.INFO, __file__, 1, '"GET %s" %d', ("/ws/ingest?token=a.b&name=Ann%20B", 101), None)
     Redacting().filter(record)
     assert record.getMessage() == '"GET /ws/ingest?token=<redacted>&name=Ann%20B" 101'
+
+
+def test_a_switch_variable_names_its_value():
+    """STREAMSERVER_KEEP_AUDIO is keep_audio, which --no-keep-audio turns off: 0 turns it off too."""
+    loadsim = ["loadsim", "--url", "http://x", "--students", "1", "--duration", "1", "--report", "r"]
+    assert parse({"STREAMSERVER_KEEP_AUDIO": "0"}, loadsim).keep_audio is False
+    assert parse({"STREAMSERVER_KEEP_AUDIO": "1"}, loadsim).keep_audio is True
+    assert parse({}, loadsim).keep_audio is True
+    assert parse({"STREAMSERVER_JSON": "yes"}, ["models"]).json is True

@@ -32,3 +32,4 @@ class Backend(Protocol):
 # them: engines/loading.py resolves both, and builds each backend.
 BACKENDS = ("onnxruntime", "tensorrt")
 ENGINES = ("tensorrt", "torch-cuda", "onnxruntime")  # what "auto" tries, in this order
+DEFAULT_BACKEND = "onnxruntime"  # the CPU: every install can run it

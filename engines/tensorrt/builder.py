@@ -23,11 +23,12 @@ from engines.graphs import GRAPH_VERSION, graph_paths
 from engines.tensorrt import BackendUnavailable, Gpu, current_gpu, import_tensorrt, is_strongly_typed
 from engines.tensorrt.cache_key import EngineFiles, EngineIdentity, digest_files, engine_files, engines_dir, find_cached, write_sidecar
 from engines.tensorrt.device import collecting_logger, cuda_api
-from engines.tensorrt.profiles import Profile, engine_profiles
+from engines.tensorrt.profiles import Profile, ProfileSettings, engine_profiles
 from engines.weights import Weights, load_weights
 
 Progress = Callable[[str], None]
 PRECISIONS = ("fp16", "int8", "fp32")
+PRECISION = "fp16"  # of a build not asked for another
 FLAVOUR = "portable"  # the graphs without ONNX Runtime's contrib ops
 WORKSPACE_GIB = 8
 CALIBRATION_BATCH = 8
@@ -227,7 +228,7 @@ def identity_for(
 
 
 def build_engines(
-    model: str, precision: str = "fp16", calibration_dir: Path | None = None, max_batch: int = 64,
+    model: str, precision: str = PRECISION, calibration_dir: Path | None = None, max_batch: int = ProfileSettings.max_batch,
     progress: Progress | None = None, workspace_gib: int = WORKSPACE_GIB,
 ) -> EngineFiles:
     """`streamserver engine build`: the encoder and decoder engines of a packaged model for this
@@ -281,7 +282,7 @@ def _engines(
     return files
 
 
-def ensure_engines(weights: Weights, precision: str, max_batch: int = 64, progress: Progress | None = None) -> EngineFiles:
+def ensure_engines(weights: Weights, precision: str, max_batch: int = ProfileSettings.max_batch, progress: Progress | None = None) -> EngineFiles:
     """What the runtime loads for the weights it has: cached engines for this GPU, else fp16/fp32
     ones built now. int8 needs the user's calibration audio, so only `streamserver engine build`
     makes it."""

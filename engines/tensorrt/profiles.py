@@ -74,7 +74,7 @@ class ProfileSettings:
     max_frames: int = 3000  # 30 s, Whisper's window
 
 
-def settings_for(model: str, max_batch: int = 64) -> ProfileSettings:
+def settings_for(model: str, max_batch: int = ProfileSettings.max_batch) -> ProfileSettings:
     """Ranges for a model: the optimum at the window its default encoder policy gives a typical
     utterance (base: min10s -> 1000 frames; tiny.en: pad30 -> 3000), which is what it will see."""
     if max_batch < 1:
@@ -114,7 +114,7 @@ def decoder_profiles(dims: Dimensions, s: ProfileSettings) -> list[Profile]:
     ]
 
 
-def engine_profiles(dims: Dimensions, model: str, max_batch: int = 64) -> dict[str, list[Profile]]:
+def engine_profiles(dims: Dimensions, model: str, max_batch: int = ProfileSettings.max_batch) -> dict[str, list[Profile]]:
     """Validated profiles for both engines of a model: {"encoder": [...], "decoder": [...]}."""
     s = settings_for(model, max_batch)
     profiles = {"encoder": encoder_profiles(dims, s), "decoder": decoder_profiles(dims, s)}

@@ -24,7 +24,7 @@ import numpy as np
 from engines.tensorrt import BackendUnavailable, builder, import_tensorrt
 from engines.tensorrt.builder import Progress
 from engines.tensorrt.device import DeviceBuffer, collecting_logger, cuda_api
-from engines.tensorrt.profiles import Profile, ShapeRange, pick
+from engines.tensorrt.profiles import Profile, ProfileSettings, ShapeRange, pick
 from engines.weights import Weights
 
 
@@ -135,8 +135,8 @@ class TensorRTBackend:
     batch_rows_cheap = True  # a GPU's (engines/engine.py)
 
     def __init__(
-        self, weights: Weights, threads: int = 0, precision: str = "fp16", progress: Progress | None = None,
-        max_batch: int = 64,
+        self, weights: Weights, threads: int = 0, precision: str = builder.PRECISION, progress: Progress | None = None,
+        max_batch: int = ProfileSettings.max_batch,
     ) -> None:
         """threads: unused (the GPU does the work); kept for the Backend constructor's signature."""
         trt = import_tensorrt()

@@ -25,6 +25,7 @@ from typing import Callable
 
 from streamserver.asr.batch import BatchRecogniser
 from streamserver.bus.local import LocalFeeds
+from streamserver.config import Settings
 from streamserver.events import TranscriptEvent, Utterance, now
 from streamserver.metrics import Metrics
 from streamserver.queue.base import UNREACHABLE
@@ -41,7 +42,7 @@ PROBE_S = 1.0
 
 class LocalFallback:
     def __init__(self, recogniser: BatchRecogniser, queue: RedisQueue, local: LocalFeeds, metrics: Metrics,
-                 after_s: float = 3.0, spool: Spool | None = None) -> None:
+                 after_s: float = Settings.fallback_after_s, spool: Spool | None = None) -> None:
         self.recogniser, self.queue, self.local, self.metrics = recogniser, queue, local, metrics
         self.after_s, self.spool = after_s, spool
         self.uplink_up = True  # as last seen: shown on this gateway's dashboards

@@ -32,14 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import secrets
-import socket
 import time
 from collections import Counter, deque
 
 from engines.engine import Engine
 from streamserver.asr.batch import BatchRecogniser
+from streamserver.config import PARTIAL_MODES, Settings
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, UtteranceFailedEvent, now
 from streamserver.intent import IntentClassifier
 from streamserver.metrics import Metrics
@@ -63,7 +61,6 @@ FINAL_WAIT_S = 0.5
 # window: a final that ends while a caption is being recognised waits for it, so the engine keeps
 # half its time free for finals
 CAPTIONS_SHARE = 0.5
-PARTIAL_MODES = ("auto", "on", "off")
 
 
 async def cancel_for_sure(task: asyncio.Task) -> None:
@@ -76,16 +73,10 @@ async def cancel_for_sure(task: asyncio.Task) -> None:
         log.debug("worker task ended with %r", task.exception())
 
 
-def worker_name() -> str:
-    """Unique per start: a container restarted keeps its hostname and PID 1, and a worker that
-    came back under its old name would never have its dead self's jobs claimed (only timed out)."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
 class AsrWorker:
     def __init__(
-        self, engine: Engine, queue: UtteranceQueue, intent: IntentClassifier | None = None, max_batch: int = 16,
-        metrics: Metrics | None = None, partials: str = "auto",
+        self, engine: Engine, queue: UtteranceQueue, intent: IntentClassifier | None = None,
+        max_batch: int = Settings.max_batch, metrics: Metrics | None = None, partials: str = Settings.partials,
     ) -> None:
         if partials not in PARTIAL_MODES:
             raise ValueError(f"partials must be one of {', '.join(PARTIAL_MODES)}, not {partials!r}")

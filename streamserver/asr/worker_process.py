@@ -9,10 +9,12 @@ import logging
 from aiohttp import web
 
 from engines.engine import Engine
-from streamserver.asr.worker import AsrWorker, worker_name
+from streamserver.asr.worker import AsrWorker
 from streamserver.intent import IntentClassifier
 from streamserver.bus.connect import redacted
+from streamserver.config import Settings
 from streamserver.heap import freeze_startup_heap
+from streamserver.instance import instance_name
 from streamserver.metrics import CONTENT_TYPE
 from streamserver.queue.redis_queue import RedisQueue
 
@@ -39,10 +41,10 @@ def metrics_app(worker: AsrWorker) -> web.Application:
 async def run_worker(
     engine: Engine, intent: IntentClassifier | None, redis_url: str, max_batch: int, name: str | None,
     metrics_host: str, metrics_port: int | None, redis_ca: str | None = None, transcript_retention_s: int | None = None,
-    partials: str = "auto",
+    partials: str = Settings.partials,
 ) -> None:
     extra = {"transcript_retention_s": transcript_retention_s} if transcript_retention_s is not None else {}
-    queue = RedisQueue(redis_url, name or worker_name(), ca_file=redis_ca, **extra)
+    queue = RedisQueue(redis_url, name or instance_name(), ca_file=redis_ca, **extra)
     worker = AsrWorker(engine, queue, intent, max_batch, partials=partials)
     runner = None
     if metrics_port is not None:
@@ -62,7 +64,7 @@ async def run_worker(
 
 def main(engine: Engine, intent: IntentClassifier | None, redis_url: str, max_batch: int, name: str | None,
          metrics_host: str, metrics_port: int | None, redis_ca: str | None = None,
-         transcript_retention_s: int | None = None, partials: str = "auto") -> None:
+         transcript_retention_s: int | None = None, partials: str = Settings.partials) -> None:
     try:
         asyncio.run(run_worker(engine, intent, redis_url, max_batch, name, metrics_host, metrics_port, redis_ca,
                                transcript_retention_s, partials))

@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from streamserver.loadsim.config import LoadConfig
+
 DESCRIPTION = """Simulate a class against a running server (serve or gateway): create ROOMS rooms
 through the room API (admin token from STREAMSERVER_ADMIN_TOKEN), connect STUDENTS students
 who take turns speaking real clips, one teacher dashboard per room, and measure end-of-speech ->
@@ -30,23 +32,28 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--url", required=True, action="append", metavar="URL",
                    help="the server, e.g. http://127.0.0.1:8080; repeat for several gateways (rooms are spread over them)")
     p.add_argument("--students", type=int, required=True, metavar="N")
-    p.add_argument("--duration", type=float, required=True, metavar="S", help="seconds of streaming (then up to 30 s waiting for the last transcripts)")
-    p.add_argument("--speak-ratio", type=float, default=0.1, help="share of the students speaking at any moment")
-    p.add_argument("--transport", choices=("ws", "webrtc"), default="ws", help="ws: WebSocket ingest (light); webrtc: every student an aiortc peer")
-    p.add_argument("--webrtc-students", type=int, default=0, metavar="K", help="with --transport ws: this many students over WebRTC instead")
-    p.add_argument("--webrtc-client", choices=("packets", "encoder"), default="packets",
+    p.add_argument("--duration", type=float, required=True, metavar="S",
+                   help="seconds of streaming (then up to --drain seconds waiting for the last transcripts)")
+    p.add_argument("--speak-ratio", type=float, default=LoadConfig.speak_ratio, help="share of the students speaking at any moment")
+    p.add_argument("--transport", choices=("ws", "webrtc"), default=LoadConfig.transport,
+                   help="ws: WebSocket ingest (light); webrtc: every student an aiortc peer")
+    p.add_argument("--webrtc-students", type=int, default=LoadConfig.webrtc_students, metavar="K",
+                   help="with --transport ws: this many students over WebRTC instead")
+    p.add_argument("--webrtc-client", choices=("packets", "encoder"), default=LoadConfig.webrtc_client,
                    help="packets: Opus packets encoded once per clip, shared by every student (light); "
                    "encoder: aiortc's MediaPlayer, encoding for each student (~7x the CPU)")
-    p.add_argument("--rooms", type=int, default=1, metavar="R", help="students are spread evenly over R rooms")
-    p.add_argument("--language", choices=("en", "zh", "auto"), default="en", help="the rooms' language (the clips are English)")
-    p.add_argument("--frame-ms", type=int, choices=(10, 20, 40, 60, 100), default=20, help="WebSocket frame length")
-    p.add_argument("--processes", type=int, default=1, metavar="P",
+    p.add_argument("--rooms", type=int, default=LoadConfig.rooms, metavar="R", help="students are spread evenly over R rooms")
+    p.add_argument("--language", choices=("en", "zh", "auto"), default=LoadConfig.language,
+                   help="the rooms' language (the clips are English)")
+    p.add_argument("--frame-ms", type=int, choices=(10, 20, 40, 60, 100), default=LoadConfig.frame_ms, help="WebSocket frame length")
+    p.add_argument("--processes", type=int, default=LoadConfig.processes, metavar="P",
                    help="spread the students over P processes (one sends ~1,500 streams of 20 ms frames at most)")
-    p.add_argument("--seed", type=int, default=0, help="turn-taking and clip choice")
-    p.add_argument("--no-keep-audio", dest="keep_audio", action="store_false",
+    p.add_argument("--seed", type=int, default=LoadConfig.seed, help="turn-taking and clip choice")
+    p.add_argument("--no-keep-audio", dest="keep_audio", action="store_false", default=LoadConfig.keep_audio,
                    help="WebSocket students keep nothing: a broken stream ends the student (default: like the student page, "
                    "each keeps its audio, reconnects through the next --url and sends again what was not acknowledged)")
-    p.add_argument("--drain", type=float, default=30.0, metavar="S", help="longest wait for outstanding transcripts at the end")
+    p.add_argument("--drain", type=float, default=LoadConfig.drain_s, metavar="S",
+                   help="longest wait for outstanding transcripts at the end (default %(default)g)")
     p.add_argument("--report", type=Path, required=True, metavar="DIR", help="where report.json and the plots go")
     p.set_defaults(handler=main)
     return p
@@ -77,7 +84,7 @@ def _or_dash(value: object) -> str:
 def main(args: argparse.Namespace) -> int:
     import aiohttp  # here, not at the top: `streamserver --help` need not load the client stack
 
-    from streamserver.loadsim.run import LoadConfig, Run
+    from streamserver.loadsim.run import Run
     from streamserver.transport.udp import DrainingEventLoop
 
     if (problem := _check(args)) is not None:

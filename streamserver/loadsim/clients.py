@@ -19,6 +19,7 @@ from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import MediaStreamTrack
 
 from engines.features import SAMPLE_RATE
+from streamserver.loadsim.config import LoadConfig
 from streamserver.transport.dtx import asks_for_dtx
 from streamserver.transport.webrtc import use_host_addresses
 
@@ -61,7 +62,8 @@ def speech_file(path: Path, audio: np.ndarray, lead_s: float = 1.0, tail_s: floa
 
 
 async def create_room(
-    session: aiohttp.ClientSession, url: str, admin_token: str, name: str = "class", language: str = "en"
+    session: aiohttp.ClientSession, url: str, admin_token: str, name: str = "class",
+    language: str = LoadConfig.language,
 ) -> dict:
     async with session.post(f"{url}/api/rooms", json={"name": name, "language": language}, headers=admin_headers(admin_token)) as r:
         assert r.status == 201, await r.text()

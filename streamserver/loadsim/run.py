@@ -11,7 +11,7 @@ import asyncio
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -20,35 +20,11 @@ import aiohttp
 from streamserver.heap import freeze_startup_heap
 from streamserver.loadsim import report
 from streamserver.loadsim.clients import Dashboard, create_room, next_url
+from streamserver.loadsim.config import LoadConfig
 from streamserver.loadsim.measure import Tally
 from streamserver.loadsim.students import StudentPlan, StudentPool
 
 QUEUE_DEPTH = "streamserver_queue_depth"
-
-
-@dataclass
-class LoadConfig:
-    urls: list[str]  # one server, or gateways: rooms are spread over them, students go to their room's
-    students: int
-    duration_s: float
-    admin_token: str
-    speak_ratio: float = 0.1
-    transport: str = "ws"  # or "webrtc": every student over WebRTC
-    webrtc_students: int = 0  # with transport "ws": this many of them over WebRTC instead
-    webrtc_client: str = "packets"  # students.WEBRTC_CLIENTS: pre-encoded Opus packets, or aiortc's MediaPlayer (encodes)
-    rooms: int = 1
-    language: str = "en"
-    frame_ms: int = 20
-    seed: int = 0
-    drain_s: float = 30.0  # the longest wait for transcripts still due at the end
-    processes: int = 1  # students spread over this many child processes (child.py); 1: in this one
-    keep_audio: bool = True  # WebSocket students keep their audio and send it again after a break, as the page
-
-    def settings(self) -> dict[str, Any]:
-        """What the report repeats of the run's configuration (never the admin token)."""
-        keep = ("urls", "students", "rooms", "transport", "webrtc_students", "webrtc_client", "speak_ratio", "language", "frame_ms", "seed", "processes",
-                "keep_audio")
-        return {"duration_s": self.duration_s, **{k: v for k, v in asdict(self).items() if k in keep}}
 
 
 def parse_queue_depth(text: str) -> float | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from engines.features import SAMPLE_RATE as RATE
+from streamserver.loadsim.config import LoadConfig
 
 CLIPS_DIR = Path(__file__).resolve().parent / "clips"
 MIN_GAP_S = 1.0
@@ -51,7 +52,7 @@ def speech_onset_s(pcm: np.ndarray) -> float:
 
 
 @functools.cache
-def load_clips(frame_ms: int = 20) -> tuple[Clip, ...]:
+def load_clips(frame_ms: int = LoadConfig.frame_ms) -> tuple[Clip, ...]:
     """The shipped clips (clips/README.md), decoded once per process."""
     from engines.audio import load_audio
 
@@ -84,7 +85,7 @@ def mean_gap_s(clips: tuple[Clip, ...], speak_ratio: float) -> float:
     return max(MIN_GAP_S, mean_clip * (1 - speak_ratio) / speak_ratio)
 
 
-def plan_turns(clips: tuple[Clip, ...], length_s: float, speak_ratio: float, rng: random.Random, frame_ms: int = 20) -> list[Turn]:
+def plan_turns(clips: tuple[Clip, ...], length_s: float, speak_ratio: float, rng: random.Random, frame_ms: int = LoadConfig.frame_ms) -> list[Turn]:
     """One student's turns over a stream of `length_s`; every clip ends at least MIN_GAP_S before
     the stream does, so its utterance is complete while the student is still connected."""
     gap = mean_gap_s(clips, speak_ratio)

@@ -14,6 +14,7 @@ import aiohttp
 from aiortc.contrib.media import MediaPlayer
 
 from streamserver.loadsim.clients import JoinRefused, join_student, speech_file
+from streamserver.loadsim.config import LoadConfig
 from streamserver.loadsim.measure import Tally
 from streamserver.loadsim.scenario import Turn, load_clips, plan_turns, render
 from streamserver.loadsim.webrtc_student import PACKET_S, OpusPlanTrack, PacketClock, TimedTrack, encoded_clips, on_consent_expired
@@ -42,8 +43,8 @@ class StudentPlan:
     seed: int
     webrtc: list[bool]  # per student index: over WebRTC rather than the WebSocket ingest
     join_concurrency: int = 32  # handshakes in flight at once, per pool
-    webrtc_client: str = "packets"  # one of WEBRTC_CLIENTS
-    keep_audio: bool = True  # WebSocket students keep their audio and send it again after a break
+    webrtc_client: str = LoadConfig.webrtc_client  # one of WEBRTC_CLIENTS
+    keep_audio: bool = LoadConfig.keep_audio  # WebSocket students keep their audio and send it again after a break
     urls: list[str] | None = None  # every server of the run: a student whose server is gone reconnects through the next
 
 

@@ -34,6 +34,7 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from streamserver.loadsim.config import LoadConfig
 from streamserver.loadsim.opus_encoder import OpusEncoder, sent_as_browser
 from streamserver.loadsim.scenario import RATE, Turn, load_clips
 from streamserver.transport.dtx import is_dtx
@@ -122,7 +123,7 @@ def dtx_silence() -> tuple[bytes | None, ...]:
 
 
 @functools.cache
-def encoded_clips(frame_ms: int = 20) -> dict[str, EncodedClip]:
+def encoded_clips(frame_ms: int = LoadConfig.frame_ms) -> dict[str, EncodedClip]:
     """Every shipped clip by name, encoded once per process (a few tens of ms each): LEAD_PACKETS
     of silence, the clip, then silence (under DTX, long enough for the encoder to go quiet)."""
     pad = lambda n: np.zeros(n * int(RATE * PACKET_S), np.int16)  # noqa: E731
