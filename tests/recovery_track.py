@@ -59,7 +59,7 @@ def sentence_errors(texts: list[str], finals: list[str]) -> list[int]:
     return [edit_distance(normalize_en(said).split(), normalize_en(heard).split()) for said, heard in zip(texts, finals)]
 
 
-def errors_over(texts: list[str], finals: list[str], without_break: list[list[int]]) -> float:
+def errors_over(texts: list[str], finals: list[str], without_break: list[list[int]], *, per_sentence: int) -> float:
     """What a break cost, as a share of the track's words: the words a run got wrong beyond what
     the runs without a break got wrong, counted two ways, and the smaller taken.
 
@@ -72,9 +72,16 @@ def errors_over(texts: list[str], finals: list[str], without_break: list[list[in
       run, besides what the break cost, got fewer words wrong elsewhere than those runs did on
       average.
     A break's real cost (words cut at the seam, a sentence twice) shows sentence by sentence
-    always, and in all unless such luck makes up for it."""
+    always, and in all unless such luck makes up for it. That luck can hide as many words as the
+    runs without a break get wrong on average, all of them in one sentence, so each sentence is
+    held on its own too: one more than `per_sentence` words over in any sentence raises
+    AssertionError, whatever the total."""
     got = sentence_errors(texts, finals)
     worst = [max(run[i] for run in without_break) for i in range(len(texts))]
-    by_sentence = sum(max(0, e - w) for e, w in zip(got, worst))
+    over = [max(0, e - w) for e, w in zip(got, worst)]
+    lost = [i for i, words in enumerate(over) if words > per_sentence]
+    if lost:
+        raise AssertionError(f"sentences {lost} got more than {per_sentence} words wrong beyond the runs without a break "
+                             f"(words over per sentence: {over}; heard {[finals[i] for i in lost]}, said {[texts[i] for i in lost]})")
     in_all = max(0.0, sum(got) - sum(sum(run) for run in without_break) / len(without_break))
-    return min(by_sentence, in_all) / len(normalize_en(" ".join(texts)).split())
+    return min(sum(over), in_all) / len(normalize_en(" ".join(texts)).split())

@@ -104,6 +104,12 @@ def lesson_track(tmp_path_factory) -> tuple[Path, list[str]]:
 # cost.
 BASELINE_RUNS = 3
 MARGIN = 0.02
+# Each sentence on its own (errors_over's per_sentence): a flip that moves makes one sentence
+# 2 words worse than every run without a break ("ill disposed" in the second or third), and the
+# margin's 1.9 words leave a break 1 whole word, so 3 words over in a sentence is what the flips
+# and the margin allow together. Four is a loss that the other sentences' luck must not hide:
+# half to two thirds of one of this track's shortest sentences (6 to 8 words).
+SENTENCE_MARGIN = 3
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +146,7 @@ def test_a_server_killed_and_restarted_loses_no_sentence(redis_url, tmp_path, le
           f"without a break {baseline}; page said {statuses}")
     assert any("your speech is kept" in s for s in statuses), statuses
     assert match_sentences(texts, heard) == list(range(len(texts))), heard  # each once, in order
-    assert errors_over(texts, heard, baseline) <= MARGIN
+    assert errors_over(texts, heard, baseline, per_sentence=SENTENCE_MARGIN) <= MARGIN
 
 
 BLIP_TAG = "streamserver-blip-test"
@@ -195,4 +201,4 @@ def test_a_ten_second_network_blip_loses_no_sentence(redis_url, tmp_path, lesson
           f"without a break {baseline}; page said {statuses}")
     assert any("your speech is kept" in s for s in statuses), statuses
     assert match_sentences(texts, heard) == list(range(len(texts))), heard
-    assert errors_over(texts, heard, baseline) <= MARGIN
+    assert errors_over(texts, heard, baseline, per_sentence=SENTENCE_MARGIN) <= MARGIN
