@@ -19,8 +19,9 @@ run: install
 	$(VENV)/bin/streamserver serve --demo-room "Demo class" $(SERVE_ARGS)
 
 # The browser tests drive Debian's Chromium (never a downloaded browser), the uplink tests a
-# redis-server built with TLS (Debian's); install them when missing and we may (root, apt);
-# otherwise those tests skip and say why.
+# redis-server built with TLS (Debian's), the network blip test iptables; install them when
+# missing and we may (root, apt); otherwise those tests skip and say why, or fail under CI=true
+# (tests/system_packages.py).
 system-packages:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
@@ -33,6 +34,10 @@ system-packages:
 		(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq coturn >/dev/null || \
 		 (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq coturn >/dev/null)) ; } || \
 		echo "note: coturn not installed; the TURN test will be skipped"
+	@command -v iptables >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		(DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null || \
+		 (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null)) ; } || \
+		echo "note: iptables not installed; the network blip test will be skipped"
 
 # The container tests (tests/test_container.py) build and run the images: with Docker when its
 # daemon answers, else with Debian's podman, installed and set up here when root and apt are there
@@ -49,8 +54,9 @@ image: container-runtime
 image-gpu: container-runtime
 	docker/build-image.sh docker/Dockerfile.gpu streamserver-gpu
 
+# -rs: each skipped test's reason (a missing package, no GPU) in the summary.
 test: install system-packages container-runtime
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -rs
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest_plugins = ["tests.redis_server"]  # the `redis_url` fixture: a real redis-server
+# the `redis_url` fixture (a real redis-server); the needs_system marks (skip, or fail under CI)
+pytest_plugins = ["tests.redis_server", "tests.system_packages"]
 
 DATA = Path(__file__).parent / "data"
 LIBRIVOX = sorted((DATA / "librivox").glob("*.wav"))

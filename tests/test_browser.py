@@ -11,16 +11,17 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
-import pytest
 
 from benchmarks.scoring import wer
 from streamserver.loadsim.clients import create_room, speech_file
 from tests.server_process import ADMIN_TOKEN, ServerProcess
+from tests.system_packages import needs_system
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "dashboard.png"
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (make test installs it)")
+NEEDS_CHROMIUM = needs_system("chromium", None if Path(CHROMIUM).exists() else "Debian chromium is not installed (make test installs it)")
+pytestmark = NEEDS_CHROMIUM
 
 
 def _chromium_flags(fake_mic: Path) -> list[str]:

@@ -27,9 +27,10 @@ import pytest
 from streamserver.loadsim.clients import create_room, speech_file
 from tests.recovery_track import errors_over, match_sentences, sentence_errors, track, wer
 from tests.server_process import ADMIN_TOKEN, ServerProcess, free_port
-from tests.test_browser import CHROMIUM, _chromium_flags
+from tests.system_packages import needs_system
+from tests.test_browser import CHROMIUM, NEEDS_CHROMIUM, _chromium_flags
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (make test installs it)")
+pytestmark = NEEDS_CHROMIUM
 
 BREAK_AT_S = 14.0  # into the track, as the issue's scenario
 SERVER_BACK_S = 5.0  # a killed server is started again this much later
@@ -163,9 +164,11 @@ def _iptables(*rule: str) -> None:
     subprocess.run(["iptables", *rule], check=True, capture_output=True)
 
 
+IPTABLES = shutil.which("iptables")
+
+
 def _can_block() -> bool:
-    if shutil.which("iptables") is None:
-        return False
+    """Whether the installed iptables takes rules from this process (root's only)."""
     try:
         _iptables("-L", "INPUT", "-n")
     except (subprocess.CalledProcessError, OSError):
@@ -173,7 +176,8 @@ def _can_block() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _can_block(), reason="blocking the page's traffic needs iptables as root")
+@needs_system("iptables", None if IPTABLES else "iptables is not installed (make test installs it)")
+@pytest.mark.skipif(IPTABLES is not None and not _can_block(), reason="blocking the page's traffic with iptables needs root")
 def test_a_ten_second_network_blip_loses_no_sentence(redis_url, tmp_path, lesson_track, baseline):
     mic, texts = lesson_track
     _remove_blip_rules()  # left behind by a run that was killed mid-blip

@@ -33,7 +33,8 @@ import yaml
 from benchmarks.scoring import wer
 from streamserver.loadsim.clients import Dashboard, create_room
 from tests.server_process import ADMIN_TOKEN, ServerProcess, free_port
-from tests.test_browser import CHROMIUM, _chromium_flags
+from tests.system_packages import require_system
+from tests.test_browser import CHROMIUM, NEEDS_CHROMIUM, _chromium_flags
 from tests.test_ws_ingest import ingest_url, pcm16, send_frames, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +61,7 @@ def engine() -> str:
     if shutil.which("podman") is None or not _run(["podman", "image", "exists", "debian:bookworm-slim"], check=False).returncode == 0:
         done = _run(["sh", str(DOCKER / "podman-host.sh")], timeout=900, check=False)
         if shutil.which("podman") is None:
-            pytest.skip(f"no docker daemon, and podman cannot be installed here: {done.stderr.strip()[-500:]}")
+            require_system("podman (or a docker daemon)", f"podman cannot be installed here: {done.stderr.strip()[-500:]}")
         if done.returncode:
             pytest.fail(f"docker/podman-host.sh failed:\n{done.stderr[-4000:]}")
     return "podman"
@@ -161,7 +162,7 @@ def test_container_https_self_signed(tls_container, engine, librivox):
     assert transcript["student_name"] == "Tess"
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (make test installs it)")
+@NEEDS_CHROMIUM
 def test_container_https_browser_student(tls_container, tmp_path, librivox):
     """A headless Chromium student joins the container's https room page over WebRTC (certificate
     errors ignored) and is transcribed on the teacher's dashboard page."""

@@ -15,9 +15,10 @@ import pytest
 from streamserver.loadsim.clients import Dashboard, create_room
 from tests.redis_server import TlsRedisServer, tls_redis_available
 from tests.server_process import ADMIN_TOKEN, free_port
+from tests.system_packages import needs_system
 from tests.test_gateway import ENV, Proc, _wait, open_student, pcm_of, say, transcripts
 
-pytestmark = pytest.mark.skipif(bool(tls_redis_available()), reason=tls_redis_available() or "")
+pytestmark = needs_system("redis-server (built with TLS)", tls_redis_available())
 
 
 @pytest.fixture(scope="module")

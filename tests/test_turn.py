@@ -19,6 +19,7 @@ from aioice import stun
 from aioice.turn import create_turn_endpoint
 
 from tests.redis_server import free_port
+from tests.system_packages import needs_system
 
 COMPOSE = Path(__file__).resolve().parents[1] / "docker" / "compose.yaml"
 USER, PASSWORD, REALM = "classroom", "turn-test-secret", "classroom"
@@ -27,7 +28,7 @@ USER, PASSWORD, REALM = "classroom", "turn-test-secret", "classroom"
 TEST_ONLY = ["--allow-loopback-peers", "--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1", "--no-tls", "--no-dtls",
              "--log-file=stdout", "--simple-log"]
 
-pytestmark = pytest.mark.skipif(shutil.which("turnserver") is None, reason="coturn is not installed (make test installs it)")
+pytestmark = needs_system("coturn", None if shutil.which("turnserver") else "its turnserver is not on PATH (make test installs it)")
 
 
 def compose_turn_command(port: int) -> list[str]:
