@@ -5,7 +5,8 @@ NoSpeechEvent or UtteranceFailedEvent (ASR worker) -> room channel; StudentEvent
 While a student speaks, the pipeline also hands out hints (Utterance with kind "partial" or
 "speculative", best effort): the worker answers a partial with a TranscriptPartialEvent (live
 caption, never kept in the history) and a speculative one with a result kept for its final.
-Every event a room's dashboard receives is built here and encoded by `to_json`.
+Every message a room's dashboard receives is built here and encoded by `to_json`, and every
+event the server reads back (from the bus, a room's history) is decoded here: `event_type`, `decode`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -59,15 +60,24 @@ def audio_digest(audio: np.ndarray) -> str:
     return f"{audio.size}:{zlib.crc32(np.ascontiguousarray(audio).view(np.uint8)):08x}"
 
 
-class Event:
-    """A room event: a dataclass whose fields are its JSON object."""
+class Message:
+    """What a dashboard receives: a dataclass whose fields are its JSON object."""
 
-    room_id: str
     type: str
-    kept: ClassVar[bool] = True  # appended to the room's history (replayed to a dashboard that joins)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its JSON object, "type" first: `event_type` reads the type from the start of the text."""
+        return {"type": self.type, **{f.name: getattr(self, f.name) for f in fields(self)}}  # type: ignore[arg-type]
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)  # type: ignore[call-overload]
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+
+class Event(Message):
+    """A room event: published on the room's channel (or this process's own feeds: bus/local.py)."""
+
+    room_id: str
+    kept: ClassVar[bool] = True  # appended to the room's history (replayed to a dashboard that joins)
 
 
 @dataclass
@@ -86,6 +96,33 @@ class RoomClosedEvent(Event):
     room_id: str
     ts: float = field(default_factory=now)
     type: str = "room_closed"
+
+
+@dataclass
+class TranscriptionSourceEvent(Event):
+    """Where a gateway's transcripts come from: "central" (the workers behind the bus) or "local"
+    (its fallback model, while its uplink is down). Its dashboards show it in their header."""
+
+    room_id: str
+    source: str
+    type: str = "transcription_source"
+
+
+@dataclass
+class History(Message):
+    """The first message of a dashboard's feed: the room's events so far, decoded."""
+
+    events: list[dict[str, Any]]
+    type: str = "history"
+
+
+@dataclass
+class Roster(Message):
+    """The second message of a dashboard's feed: who is in the room now (Room.roster)."""
+
+    room_name: str
+    students: list[dict[str, Any]]
+    type: str = "roster"
 
 
 @dataclass
@@ -153,14 +190,13 @@ class TranscriptEvent(_Words):
     stream_clock: str = ""
 
     @classmethod
-    def from_json(cls, data: str) -> TranscriptEvent:
-        """A transcript or no-speech event as to_json wrote it (ValueError, TypeError, KeyError
-        for anything else)."""
-        fields = json.loads(data)
-        kind = NoSpeechEvent if fields.get("type") == "no_speech" else TranscriptEvent
-        if fields.get("type") not in ("transcript", "no_speech"):
-            raise ValueError(f"not a transcript event: {fields.get('type')!r}")
-        return kind(**fields)
+    def from_json(cls, data: str | bytes) -> TranscriptEvent:
+        """A transcript or no-speech event as to_json wrote it (ValueError or TypeError for
+        anything else)."""
+        event = decode(data)
+        if not isinstance(event, TranscriptEvent) or event.type not in (TranscriptEvent.type, NoSpeechEvent.type):
+            raise ValueError(f"not a transcript event: {event.type!r}")
+        return event
 
     @classmethod
     def of(cls, u: Utterance, text: str, language: str, intent: dict[str, Any] | None = None) -> TranscriptEvent:
@@ -214,3 +250,53 @@ class TranscriptPartialEvent(_Words):
     @classmethod
     def of(cls, u: Utterance, text: str, language: str) -> TranscriptPartialEvent:
         return cls(u.room_id, u.utterance_id, u.student_id, u.student_name, text, language, u.revision, u.start_ts, now())
+
+
+STUDENT_TYPES = ("student_joined", "student_left", "speaking_started", "speaking_stopped")  # StudentEvent's
+# An utterance's result: one per utterance, whichever way it reaches a dashboard.
+RESULT_TYPES = (TranscriptEvent.type, NoSpeechEvent.type, UtteranceFailedEvent.type)
+MESSAGES: dict[str, type[Message]] = {
+    **dict.fromkeys(STUDENT_TYPES, StudentEvent),
+    **{kind.type: kind for kind in (RoomClosedEvent, TranscriptionSourceEvent, History, Roster, UtteranceQueued,
+                                    UtteranceDropped, TranscriptEvent, NoSpeechEvent, UtteranceFailedEvent,
+                                    TranscriptPartialEvent)},
+}
+# What Message.to_json writes first. The bus, the queue and every dashboard feed ask each event's
+# type (thousands a second in a lecture), so the type is read from here without parsing the rest.
+_TYPE_FIRST = '{"type": "'
+_TYPE_FIRST_BYTES = _TYPE_FIRST.encode()
+
+
+def event_type(raw: str | bytes) -> str | None:
+    """The "type" of an event's JSON; None for JSON that is not an object with a string "type".
+
+    The text's first characters hold it (Message.to_dict puts it there): reading them costs a
+    few characters, less than any search of the text, and nothing later in the text (what a
+    student says) can pass for it. JSON from another encoder (the type elsewhere, other spacing)
+    and a type with an escape in it (none of ours) are parsed whole."""
+    if isinstance(raw, str):
+        if raw.startswith(_TYPE_FIRST):
+            end = raw.find('"', len(_TYPE_FIRST))
+            if end > 0 and "\\" not in (kind := raw[len(_TYPE_FIRST) : end]):
+                return kind
+    elif raw.startswith(_TYPE_FIRST_BYTES):
+        end = raw.find(b'"', len(_TYPE_FIRST_BYTES))
+        if end > 0 and b"\\" not in (head := raw[len(_TYPE_FIRST_BYTES) : end]):
+            return head.decode("utf-8", "replace")
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return None
+    found = parsed.get("type") if isinstance(parsed, dict) else None
+    return found if isinstance(found, str) else None
+
+
+def decode(raw: str | bytes) -> Message:
+    """The message that `raw` (Message.to_json's text) encodes, of the class its "type" names.
+    ValueError for text that is not one (bad JSON, no or an unknown type), TypeError for fields
+    its class does not have."""
+    parsed = json.loads(raw)
+    kind = MESSAGES.get(parsed.get("type")) if isinstance(parsed, dict) else None
+    if kind is None:
+        raise ValueError(f"not a message: {str(raw)[:80]!r}")
+    return kind(**parsed)

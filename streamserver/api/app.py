@@ -23,6 +23,8 @@ from streamserver.asr.worker import AsrWorker
 from streamserver.audio.timeline import CLOCK_NAME
 from streamserver.bus.redis import BusError
 from streamserver.classroom import Classroom
+from streamserver.events import (RESULT_TYPES, History, RoomClosedEvent, Roster, TranscriptionSourceEvent,
+                                 TranscriptPartialEvent, event_type)
 from streamserver.metrics import CONTENT_TYPE, Metrics
 from streamserver.queue.base import UNREACHABLE
 from streamserver.queue.sink import Busy
@@ -299,13 +301,12 @@ async def feed(request: web.Request) -> web.StreamResponse:
         seen = Seen()
         events = [json.loads(e) for e in history if seen.first(e)]
         if not classroom.central:
-            events.append({"type": "transcription_source", "room_id": room.room_id, "source": "local"})
-        await ws.send_str(json.dumps({"type": "history", "events": events}, ensure_ascii=False))
-        if any(e.get("type") == "room_closed" for e in events):  # closed while this feed was opening
+            events.append(TranscriptionSourceEvent(room.room_id, "local").to_dict())
+        await ws.send_str(History(events).to_json())
+        if any(e.get("type") == RoomClosedEvent.type for e in events):  # closed while this feed was opening
             await ws.close(code=CLOSE_ROOM_CLOSED, message=b"the room was closed")
             return ws
-        roster = {"type": "roster", "room_name": room.name, "students": room.roster()}
-        await ws.send_str(json.dumps(roster, ensure_ascii=False))
+        await ws.send_str(Roster(room.name, room.roster()).to_json())
         tasks.append(asyncio.create_task(_send(ws, live, seen)))
         async for message in ws:  # the dashboard sends nothing we act on; this waits for close
             if message.type == WSMsgType.ERROR:
@@ -340,21 +341,22 @@ class Seen:
         self._results: set[str] = set()
 
     def first(self, event: str) -> bool:
-        if '"type": "transcript_partial"' in event:  # live only (never replayed): not remembered
+        # Every event of the room passes here: its type costs a look at its first characters
+        # (event_type), and only a partial or a result, whose utterance counts, is parsed.
+        kind = event_type(event)
+        if kind == TranscriptPartialEvent.type:  # live only (never replayed): not remembered
             return json.loads(event).get("utterance_id") not in self._results  # none after its final
         if event in self._events:
             return False
         self._events.add(event)
-        if '"utterance_id"' in event:
-            fields = json.loads(event)
-            if fields.get("type") in RESULT_TYPES:
-                if fields["utterance_id"] in self._results:
-                    return False
-                self._results.add(fields["utterance_id"])
+        if kind in RESULT_TYPES:
+            utterance_id = json.loads(event).get("utterance_id")
+            if utterance_id in self._results:
+                return False
+            self._results.add(utterance_id)
         return True
 
 
-RESULT_TYPES = ("transcript", "no_speech", "utterance_failed")
 BUS_PING_S = 2.0
 
 
@@ -362,7 +364,7 @@ async def _send(ws: web.WebSocketResponse, live: asyncio.Queue[str | None], seen
     while (event := await live.get()) is not None:
         if seen.first(event):
             await ws.send_str(event)
-            if '"room_closed"' in event and json.loads(event).get("type") == "room_closed":
+            if event_type(event) == RoomClosedEvent.type:
                 await ws.close(code=CLOSE_ROOM_CLOSED, message=b"the room was closed")
                 return
     await ws.close()  # the bus dropped us: closing lets the dashboard reconnect and replay

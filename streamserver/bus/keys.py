@@ -32,6 +32,8 @@ Hints (best effort, lost with Redis: nothing of them is durable)
 
 from __future__ import annotations
 
+from streamserver.events import TranscriptEvent, event_type
+
 HISTORY_FIELD = "event"
 TRANSCRIPT_RETENTION_S = 30 * 24 * 3600  # how long a class transcript is kept after its last final
 JOBS = "asr:jobs"
@@ -65,8 +67,8 @@ def transcript_key(room_id: str) -> str:
 
 
 def is_final_transcript(event_json: str) -> bool:
-    """A `transcript` event (quotes inside its strings are escaped, so text cannot fake this)."""
-    return '"type": "transcript"' in event_json
+    """A `transcript` event: the one kind a room's transcript list keeps (every publish asks)."""
+    return event_type(event_json) == TranscriptEvent.type
 
 
 def meta_key(room_id: str) -> str:
