@@ -36,8 +36,15 @@ def segmented(audio: np.ndarray, post_roll_ms: int, noise: np.random.Generator |
     stream = np.concatenate([np.zeros(16000, np.int16), pcm, np.zeros(32000, np.int16)])
     if noise is not None:
         stream = np.clip(stream + noise.normal(0, NOISE_RMS, stream.size), -32768, 32767).astype(np.int16)
-    found = []
-    segmenter = UtteranceSegmenter(SegmenterConfig(post_roll_ms=post_roll_ms), on_utterance=found.append)
+    found: list = []
+
+    class Found:  # the segmenter's SpeechTaker: the utterances it cuts
+        speech = found.append
+
+        def speech_so_far(self, _speech) -> None:  # noqa: ANN001
+            pass
+
+    segmenter = UtteranceSegmenter(SegmenterConfig(post_roll_ms=post_roll_ms), Found())
     for i in range(0, stream.size, 320):  # 20 ms messages, as the clients send
         segmenter.feed(stream[i : i + 320])
     segmenter.flush()

@@ -65,5 +65,5 @@ def gateway_app(settings: Settings, fallback_engine: Engine | None = None,
     sink = UtteranceSink(queue, publisher, metrics, settings.max_queue_wait_s, spool, fallback)
     classroom = Classroom(settings, bus, sink, publisher, metrics, background=(fallback,) if fallback else (), local=local)
     if fallback is not None:
-        fallback.on_uplink = classroom.uplink_changed
+        fallback.on_uplink = lambda up: classroom.local.uplink_changed(up, list(classroom.rooms.rooms))
     return create_app(classroom), classroom

@@ -21,6 +21,7 @@ from streamserver.loadsim.webrtc_student import dtx_silence, opus_packets
 from streamserver.transport.dtx import ask_for_dtx, asks_for_dtx, is_dtx
 from streamserver.transport.rtp_audio import TICKS_PER_SAMPLE, Reorder
 from tests.test_webrtc_same_results import FRAME, RATE, boundaries, fed_to_vad, over_ws, serving
+from tests.takers import PcmList
 
 ADMIN = "dtx-admin"
 HANGOVER_S = 0.5  # the default
@@ -48,8 +49,8 @@ def test_a_silent_browser_sends_a_packet_in_ten():
 def test_a_packet_held_for_a_loss_is_played_when_silence_is_due():
     """Under DTX the HOLD packets that would give a loss up may be a second away: the sweep
     plays what is held (the loss concealed) before it fills the silence."""
-    out: list[np.ndarray] = []
-    reorder = Reorder(out.append)
+    out = PcmList()
+    reorder = Reorder(out)
     packets = opus_packets(np.zeros(RATE, np.int16))
     reorder.add(1, 0, packets[0])
     reorder.add(3, 960 * 2, packets[2])  # 2 is lost: 3 is held
@@ -61,8 +62,8 @@ def test_a_packet_held_for_a_loss_is_played_when_silence_is_due():
 def test_audio_over_silence_filled_early_is_not_played_twice():
     """A packet late past the sweep's margin lands on silence already handed on: the overlap is
     dropped, so the stream stays as long as the time it covers."""
-    out: list[np.ndarray] = []
-    reorder = Reorder(out.append)
+    out = PcmList()
+    reorder = Reorder(out)
     packets = opus_packets(np.zeros(RATE, np.int16))
     reorder.add(1, 0, packets[0])
     reorder.fill_silence(960 * 6)  # to 120 ms
@@ -73,8 +74,8 @@ def test_audio_over_silence_filled_early_is_not_played_twice():
 
 
 def test_silence_filled_early_is_not_filled_again():
-    out: list[np.ndarray] = []
-    reorder = Reorder(out.append)
+    out = PcmList()
+    reorder = Reorder(out)
     packets = opus_packets(np.zeros(RATE, np.int16))
     reorder.add(1, 0, packets[0])  # 20 ms
     reorder.fill_silence(960 * 5)  # silence up to 100 ms, before the next packet

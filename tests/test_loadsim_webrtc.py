@@ -24,6 +24,8 @@ from streamserver.loadsim.webrtc_student import CONSENT_EXPIRED, PACKET_SAMPLES,
 from streamserver.loadsim.ws_student import PlayHooks
 from tests.server_process import ADMIN_TOKEN, ServerProcess
 
+from tests.takers import PcmTo, SpeechList
+
 
 class InstantClock(PacketClock):
     """Every packet is due at once: the track's stream without the wall clock."""
@@ -35,14 +37,13 @@ class InstantClock(PacketClock):
 def _segment(pcm: np.ndarray) -> list[tuple[float, float]]:
     """(start, end of speech) of each utterance, on the stream's own time."""
     position = [0]
-    found: list[tuple[float, float]] = []
-    segmenter = UtteranceSegmenter(SegmenterConfig(), lambda s: found.append((s.start_ts, s.end_of_speech_ts)),
-                                   clock=lambda: position[0] / RATE)
+    found = SpeechList()
+    segmenter = UtteranceSegmenter(SegmenterConfig(), found, clock=lambda: position[0] / RATE)
     for i in range(0, pcm.size, 320):
         position[0] = i + 320
         segmenter.feed(pcm[i : i + 320])
     segmenter.flush()
-    return found
+    return [(s.start_ts, s.end_of_speech_ts) for s in found]
 
 
 def test_plan_track_sends_the_plan_as_opus():
@@ -184,7 +185,7 @@ def test_fast_rtp_delivers_the_plan_to_the_server_as_aiortcs_sender_would():
         client.addTrack(track)
         track.bind(client)
         await client.setLocalDescription(await client.createOffer())
-        server, answer = await webrtc.answer(client.localDescription.sdp, [], got.append, lambda: None,
+        server, answer = await webrtc.answer(client.localDescription.sdp, [], PcmTo(got.append), lambda: None,
                                              CandidatePolicy.of([], ["127.0.0.1"]))
         await client.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
         await asyncio.wait_for(track.finished.wait(), 20)

@@ -27,6 +27,7 @@ from streamserver.queue.memory_queue import MemoryQueue
 from streamserver.queue.redis_queue import RedisQueue
 from streamserver.queue.sink import UtteranceSink
 from tests.test_pipeline import collected, run, until
+from tests.takers import SpeechList
 
 RATE = 16000
 PAUSE = np.zeros(RATE, np.float32)  # 1 s of silence
@@ -34,13 +35,12 @@ PREFIX = uuid.uuid4().hex[:8]  # utterance ids of this run (the Redis server is 
 
 
 def segment(audio: np.ndarray, config: SegmenterConfig) -> tuple[list[SegmentedSpeech], list[SegmentedSpeech]]:
-    finals: list[SegmentedSpeech] = []
-    hints: list[SegmentedSpeech] = []
-    seg = UtteranceSegmenter(config, finals.append, on_hint=hints.append)
+    finals = SpeechList()
+    seg = UtteranceSegmenter(config, finals)
     for i in range(0, audio.size, 320):  # 20 ms packets
         seg.feed(audio[i : i + 320])
     seg.flush()
-    return finals, hints
+    return list(finals), finals.hints
 
 
 def long_clip(librivox) -> np.ndarray:
@@ -197,8 +197,7 @@ async def live_class(tiny_engine, queue, bus, publisher, clip: np.ndarray, metri
                      room: str) -> list[dict]:
     sink = UtteranceSink(queue, publisher, metrics)
     worker = AsrWorker(tiny_engine, queue, None, max_batch=4, metrics=metrics, partials="on")
-    student = StudentAudio(room, "s1", "Ann", "en", sink.submit, config=SegmenterConfig(partial_interval_ms=1000),
-                           on_hint=sink.hint)
+    student = StudentAudio(room, "s1", "Ann", "en", sink, config=SegmenterConfig(partial_interval_ms=1000))
     async with collected(bus, room) as events:
         await asyncio.sleep(0.2)
         worker.start()
@@ -429,7 +428,7 @@ def test_held_hints_published_meanwhile_or_captions_turned_off_do_not_ride(tiny_
         fresh = Utterance(PREFIX + "-recheck-spec", room, "s-c", "Cy", "en", second, now() - 3, now(), kind="speculative",
                           digest=audio_digest(second))
         worker._hold([published, held_partial])
-        queue._remember_done(published.utterance_id)  # its final was published meanwhile (by another worker)
+        queue._published.remember(published.utterance_id)  # its final was published meanwhile (by another worker)
         await queue.submit(final)
         await queue.offer(fresh)
         riders = await worker._riders(await queue.read(64, 100))  # room for one rider

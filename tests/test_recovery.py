@@ -25,17 +25,18 @@ from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import TranscriptEvent, Utterance, now
 from streamserver.loadsim.clients import create_room, link_param
 from streamserver.loadsim.ws_student import WsStudent
-from streamserver.queue.base import covered, spoken_of
+from streamserver.queue.publication import covered, spoken_of
 from streamserver.queue.memory_queue import MemoryQueue
 from streamserver.queue.redis_queue import RedisQueue
 from tests.recovery_track import match_sentences, pcm16, track, wer
 from tests.server_process import ADMIN_TOKEN, ServerProcess, free_port
+from tests.takers import SpeechList, UtteranceList
 
 
 def test_the_safe_point_is_the_start_of_the_speech_in_progress(librivox):
     audio = librivox[1][1]
-    emitted = []
-    seg = UtteranceSegmenter(on_utterance=emitted.append)
+    emitted = SpeechList()
+    seg = UtteranceSegmenter(out=emitted)
     silence = np.zeros(16000, np.int16)
     seg.feed(silence)
     assert seg.safe_sample > 16000 - 16000 // 2  # idle: only the pre-roll and start window are held
@@ -66,8 +67,8 @@ def test_the_stream_clock_places_runs_and_marks():
 
 def test_live_audio_waits_behind_a_catch_up_and_follows_it(librivox):
     """The VAD sees the catch-up, then the live audio held meanwhile: one stream, in order."""
-    emitted: list[Utterance] = []
-    audio = StudentAudio("r", "s", "Ann", "en", emitted.append, pacer=_unpaced())
+    emitted = UtteranceList()
+    audio = StudentAudio("r", "s", "Ann", "en", emitted, pacer=_unpaced())
     audio.keep(catch_up=True)
     sentence = pcm16_array(librivox[1][1])
     silence = np.zeros(16000, np.int16)
@@ -91,7 +92,7 @@ def test_live_audio_waits_behind_a_catch_up_and_follows_it(librivox):
 def test_a_catch_up_that_stops_short_is_never_acknowledged_past_its_hole(librivox):
     """Given up (the page went quiet mid-way): the live audio goes on, but what the catch-up did
     not bring stays unacknowledged, so the page keeps it for its next break."""
-    audio = StudentAudio("r", "s", "Ann", "en", lambda u: None, pacer=_unpaced())
+    audio = StudentAudio("r", "s", "Ann", "en", UtteranceList(), pacer=_unpaced())
     audio.keep(catch_up=True)
     audio.push_pcm16(np.zeros(16000, np.int16))
     audio.mark(50.0)
@@ -109,7 +110,7 @@ def test_bad_recovery_messages_get_a_clear_error_and_never_hold_live_audio():
     from streamserver.transport.recovery import ChannelError, handle
 
     sent: list[dict] = []
-    audio = StudentAudio("r", "s", "Ann", "en", lambda u: None, pacer=_unpaced())
+    audio = StudentAudio("r", "s", "Ann", "en", UtteranceList(), pacer=_unpaced())
     audio.keep(catch_up=False)
     for bad in ("not json", "[1]", '{"type": "mark", "t": "soon"}', '{"type": "mark", "t": -1}', '{"type": "dance"}',
                 '{"type": "catchup", "from": 1}', "x" * 300, b"\x00", b"\x00" * 70000):
@@ -120,7 +121,7 @@ def test_bad_recovery_messages_get_a_clear_error_and_never_hold_live_audio():
     handle(audio, '{"type": "mark", "t": 12.5}', sent.append, _unpaced)
     assert sent == [{"type": "live_from", "t": 12.5}]
     # A catch-up faster than the pacing limits is refused (the channel closes; live audio goes on).
-    held = StudentAudio("r", "s", "Ann", "en", lambda u: None, pacer=_unpaced())
+    held = StudentAudio("r", "s", "Ann", "en", UtteranceList(), pacer=_unpaced())
     held.keep(catch_up=True)
     handle(held, '{"type": "catchup", "from": 3}', sent.append, Pacer)  # the default limits: 1.5x real time
     with pytest.raises(TooFast):
@@ -241,7 +242,7 @@ def test_a_server_killed_while_a_student_speaks_loses_nothing(redis_url):
 def test_one_slow_client_does_not_hold_up_the_others_acks():
     """Acks go out side by side: a client whose send waits (its socket's buffer full) is given
     up after the round's time, and the others' acks have gone out meanwhile."""
-    from streamserver.classroom import _sent_together
+    from streamserver.rooms.acks import _sent_together
 
     async def body() -> tuple[list[str], bool, float]:
         sent: list[str] = []
@@ -272,8 +273,8 @@ def test_speech_queued_before_a_break_is_not_cut_again_from_its_resend(librivox)
     before_break = np.concatenate([silence, first, silence, second[: second.size // 2]])
     after_break = np.concatenate([second[second.size // 2 :], silence])
 
-    queued: list[Utterance] = []
-    live = StudentAudio("r", "s", "Ann", "en", queued.append, pacer=_unpaced())
+    queued = UtteranceList()
+    live = StudentAudio("r", "s", "Ann", "en", queued, pacer=_unpaced())
     live.keep(False, start=0.0, stream_now=0.0, clock="c1")
     live.push_pcm16(before_break)
     live.close(flush=False)  # a break: the speech in progress is the page's to send again
@@ -281,8 +282,8 @@ def test_speech_queued_before_a_break_is_not_cut_again_from_its_resend(librivox)
     assert held.stream_span is not None
 
     def resend(already: list[tuple[float, float]]) -> list[Utterance]:
-        emitted: list[Utterance] = []
-        audio = StudentAudio("r", "s", "Ann", "en", emitted.append, pacer=_unpaced())
+        emitted = UtteranceList()
+        audio = StudentAudio("r", "s", "Ann", "en", emitted, pacer=_unpaced())
         audio.keep(False, start=0.0, live_from=before_break.size / 16000, stream_now=0.0, clock="c1")
         audio.already_sent(already)
         for piece in np.array_split(np.concatenate([before_break, after_break]), 40):

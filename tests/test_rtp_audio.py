@@ -30,6 +30,7 @@ from streamserver.audio.resample import To16kMono
 from streamserver.transport import rtp_audio, webrtc
 from streamserver.transport.candidates import CandidatePolicy
 from streamserver.transport.rtp_audio import HOLD, MAX_GAP, OpusDecoder16k, Reorder
+from tests.takers import PcmList, PcmTo
 
 ROOT = Path(__file__).resolve().parents[1]
 TICKS = 960  # a 20 ms packet on the 48 kHz RTP clock
@@ -180,8 +181,8 @@ def test_a_corrupt_packet_is_refused():
 # --- the packet timeline ------------------------------------------------------------------------
 
 def _play(packets: list[tuple[int, int, bytes]], flush: bool = True) -> tuple[np.ndarray, Reorder]:
-    out: list[np.ndarray] = []
-    reorder = Reorder(out.append)
+    out = PcmList()
+    reorder = Reorder(out)
     for seq, ts, payload in packets:
         reorder.add(seq, ts, payload)
     if flush:
@@ -279,7 +280,7 @@ async def _connect(track: MediaStreamTrack, on_pcm, on_end, offer_filter=lambda 
     client = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     client.addTrack(track)
     await client.setLocalDescription(await client.createOffer())
-    server, answer = await webrtc.answer(offer_filter(client.localDescription.sdp), [], on_pcm, on_end,
+    server, answer = await webrtc.answer(offer_filter(client.localDescription.sdp), [], PcmTo(on_pcm), on_end,
                                          CandidatePolicy.of([], ["127.0.0.1"]))
     await client.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
     return client, server, answer
@@ -350,7 +351,7 @@ def test_an_offer_without_opus_is_refused_and_video_is_not_received(packets):
         client.addTrack(Packets(packets[:10]))
         client.addTransceiver("video", direction="sendonly")
         await client.setLocalDescription(await client.createOffer())
-        server, answer = await webrtc.answer(client.localDescription.sdp, [], lambda pcm: None, lambda: None,
+        server, answer = await webrtc.answer(client.localDescription.sdp, [], PcmList(), lambda: None,
                                              CandidatePolicy.of([], ["127.0.0.1"]))
         video = answer[answer.index("m=video") :]
         assert "a=inactive" in video and "a=recvonly" in answer[: answer.index("m=video")]

@@ -45,11 +45,14 @@ class Stream:
         self.fed = 0
         self.got: list[SegmentedSpeech] = []
         self.emitted_at: list[float] = []
-        self.seg = UtteranceSegmenter(config, self._on, clock=lambda: self.fed / RATE)
+        self.seg = UtteranceSegmenter(config, self, clock=lambda: self.fed / RATE)
 
-    def _on(self, u: SegmentedSpeech) -> None:
+    def speech(self, u: SegmentedSpeech) -> None:  # the segmenter's SpeechTaker
         self.got.append(u)
         self.emitted_at.append(self.fed / RATE)
+
+    def speech_so_far(self, u: SegmentedSpeech) -> None:
+        pass
 
     def feed(self, audio: np.ndarray, chunk: int = 320) -> None:
         pcm = q16(audio)

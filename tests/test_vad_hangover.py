@@ -13,6 +13,7 @@ from aiohttp import web
 from streamserver import cli
 from streamserver.api.app import CLASSROOM
 from streamserver.audio.pacing import Pacer
+from tests.takers import SpeechList
 
 
 class Collector:
@@ -109,8 +110,8 @@ def test_each_simulator_clip_is_one_utterance(hangover_ms):
 
     for clip in load_clips(20):
         for lead_ms in (1000, 1020, 1040):
-            got: list = []
-            segmenter = UtteranceSegmenter(SegmenterConfig.with_hangover(hangover_ms), got.append, clock=lambda: 0.0)
+            got = SpeechList()
+            segmenter = UtteranceSegmenter(SegmenterConfig.with_hangover(hangover_ms), got, clock=lambda: 0.0)
             pcm = np.concatenate([np.zeros(RATE * lead_ms // 1000, np.int16), np.frombuffer(clip.pcm, "<i2"),
                                   np.zeros(int(RATE * MIN_GAP_S), np.int16)])
             for i in range(0, pcm.size, 320):

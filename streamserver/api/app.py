@@ -36,6 +36,7 @@ from streamserver.transport.ws_ingest import CLOSE_ROOM_CLOSED
 from streamserver.rooms.registry import LANGUAGES, Room, RoomFull
 from streamserver.transport import ws_ingest
 from streamserver.transport.webrtc import OfferError
+from streamserver import webrtc_join
 
 log = logging.getLogger(__name__)
 WEB_DEMO = Path(__file__).resolve().parents[1] / "web_demo"  # package data
@@ -94,7 +95,7 @@ async def close_room(request: web.Request) -> web.Response:
         if (denied := _check_token(request, room.room_id, teacher, "teacher")) is not None:
             return denied
     try:
-        await request.app[CLASSROOM].close_room(room)
+        await request.app[CLASSROOM].upkeep.close_room(room)
     except BusError as error:
         return _error(503, f"room not closed: {error}")
     return web.json_response({"room_id": room.room_id, "closed": True})
@@ -131,8 +132,12 @@ async def create_room(request: web.Request) -> web.Response:
         if value is not None and (type(value) is not int or not 1 <= value <= 10_000):
             return _error(400, f"{field} must be a whole number from 1 to 10000 (or absent: no limit)")
         limits[field] = value
+    size = body.get("max_students")
+    if size is not None and (type(size) is not int or not 1 <= size <= ROOM_SIZE_MAX):
+        return _error(400, f"max_students must be a whole number from 1 to {ROOM_SIZE_MAX} (or absent: the server's "
+                           f"{settings.max_students})")
     try:
-        room = await classroom.directory.create(name.strip(), language)
+        room = await classroom.directory.create(name.strip(), language, size)
     except BusError as error:
         return _error(503, f"room not created: {error}")
     base = settings.public_url or f"{request.scheme}://{request.host}"
@@ -141,6 +146,7 @@ async def create_room(request: web.Request) -> web.Response:
             "room_id": room.room_id,
             "name": room.name,
             "language": room.language,
+            "max_students": room.max_students,
             **tokens.room_links(settings.secret, room.room_id, base, settings.token_ttl_s, AddressLimits(**limits)),
         },
         status=201,
@@ -180,7 +186,7 @@ async def offer(request: web.Request) -> web.Response:
         return _error(400, "recovery must be {'catch_up': true|false, 'clock': up to 64 letters, digits, - or _}")
     student = identify(request.app[CLASSROOM].settings.secret, room.room_id, body.get("student_id"), body.get("resume"))
     try:
-        answer = await request.app[CLASSROOM].connect_student(room, student.student_id, name, sdp, request.remote or "",
+        answer = await webrtc_join.connect_student(request.app[CLASSROOM], room, student.student_id, name, sdp, request.remote or "",
                                                               claim.limits, keeps, student.resumed)
     except (RoomFull, TooManyFromAddress) as error:
         return _error(429, str(error))
@@ -227,9 +233,9 @@ async def ingest(request: web.Request) -> web.StreamResponse:
             audio.keep(False, times["start"], times["live_from"], times["now"], times["clock"])
             if catch_up and times["live_from"] is not None:
                 log.info("student %s sends %.1f s of its audio again", student_id, times["live_from"] - times["start"])
-                audio.already_sent(await classroom.sent_before(room, student_id, times["clock"]))
+                audio.already_sent(await classroom.parking.sent_before(room.room_id, student_id, times["clock"]))
 
-        return await ws_ingest.serve(request, ws, identity, audio.push_pcm16,
+        return await ws_ingest.serve(request, ws, identity, audio,
                                      lambda: classroom.is_current(room, student_id, audio), keep, end)
     finally:
         audio.said_bye = ws_ingest.said_goodbye(ws)
@@ -278,7 +284,8 @@ async def feed(request: web.Request) -> web.StreamResponse:
     classroom = request.app[CLASSROOM]
     ws = web.WebSocketResponse(heartbeat=20)
     await ws.prepare(request)
-    classroom.feeds[room.room_id] = classroom.feeds.get(room.room_id, 0) + 1
+    feeds = classroom.upkeep.feeds
+    feeds[room.room_id] = feeds.get(room.room_id, 0) + 1
     # Subscribe before reading the history, so that nothing published in between is lost; what
     # arrives in both is sent once.
     live: asyncio.Queue[str | None] = asyncio.Queue()
@@ -300,7 +307,7 @@ async def feed(request: web.Request) -> web.StreamResponse:
         history += classroom.local.recent(room.room_id)
         seen = Seen()
         events = [json.loads(e) for e in history if seen.first(e)]
-        if not classroom.central:
+        if not classroom.local.central:
             events.append(TranscriptionSourceEvent(room.room_id, "local").to_dict())
         await ws.send_str(History(events).to_json())
         if any(e.get("type") == RoomClosedEvent.type for e in events):  # closed while this feed was opening
@@ -315,7 +322,7 @@ async def feed(request: web.Request) -> web.StreamResponse:
         log.warning("feed of room %s ended: %s", room.room_id, error)
         await ws.close()
     finally:
-        classroom.feeds[room.room_id] -= 1
+        feeds[room.room_id] -= 1
         classroom.local.unlisten(room.room_id, live)
         for t in tasks:
             t.cancel()
@@ -358,6 +365,7 @@ class Seen:
 
 
 BUS_PING_S = 2.0
+ROOM_SIZE_MAX = 100_000  # a room's own student limit (a lecture); the server's --max-students is the default
 
 
 async def _send(ws: web.WebSocketResponse, live: asyncio.Queue[str | None], seen: Seen) -> None:
@@ -395,7 +403,7 @@ async def healthz(request: web.Request) -> web.Response:
     bus_ok = await _bus_answers(classroom)
     body = {"ok": bus_ok, "bus": "ok" if bus_ok else "unreachable", "rooms": len(classroom.rooms.rooms)}
     if classroom.sink.fallback is not None:
-        body.update(transcripts="central" if classroom.central else "local fallback")
+        body.update(transcripts="central" if classroom.local.central else "local fallback")
     if (worker := request.app.get(WORKER)) is not None:
         body.update(model=worker.engine.model, queue=await classroom.sink.depth(), transcribed=worker.transcribed)
     return web.json_response(body, status=200 if bus_ok or classroom.sink.fallback is not None else 503)

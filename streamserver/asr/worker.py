@@ -42,6 +42,7 @@ from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utteran
 from streamserver.intent import IntentClassifier
 from streamserver.metrics import Metrics
 from streamserver.queue.base import HINT_MAX_AGE_S, MAX_ATTEMPTS, UNREACHABLE, Entry, Speculation, UtteranceQueue, queued_at
+from streamserver.queue.publication import finals_from_speculations
 from streamserver.queue.fair import fair_batch
 
 log = logging.getLogger(__name__)
@@ -398,20 +399,11 @@ class AsrWorker:
                     time.time() - min(u.end_of_speech_ts for _, u in entries))
 
     async def _from_speculations(self, batch: list[Entry]) -> tuple[list[Entry], list[Entry]]:
-        """Finals whose speculative result is ready are published from it; returned: the rest
-        to recognise, and those whose speculation another worker is recognising (to wait for)."""
-        ids = [u.utterance_id for _, u in batch if u.digest]
-        try:
-            kept = await self.queue.speculations(ids) if ids else {}
-        except UNREACHABLE:
-            kept = {}
-        rest, waiting = [], []
-        for entry_id, u in batch:
-            speculation = kept.get(u.utterance_id)
-            event = speculation.final_for(u) if speculation else None
-            if event is None:
-                (waiting if speculation is not None and speculation.pending_for(u) else rest).append((entry_id, u))
-                continue
+        """Finals whose speculative result is ready are published from it (queue/publication.py);
+        returned: the rest to recognise, and those whose speculation another worker is
+        recognising (to wait for)."""
+        ready, rest, waiting = await finals_from_speculations(self.queue, batch)
+        for (entry_id, u), event in ready:
             self.metrics.speculations.labels(outcome="used_by_worker").inc()
             await self._complete(entry_id, u, event)
         return rest, waiting

@@ -23,6 +23,7 @@ from streamserver.audio.sent_again import silence_sent
 from streamserver.audio.segmenter import SegmentedSpeech, SegmenterConfig, UtteranceSegmenter
 from streamserver.audio.timeline import StreamClock
 from streamserver.events import Utterance, audio_digest, now
+from streamserver.stages import UtteranceTaker
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +43,18 @@ class StudentAudio:
         student_id: str,
         student_name: str,
         language: str,
-        on_utterance: Callable[[Utterance], None],
+        out: UtteranceTaker,
         on_speaking: Callable[[bool], None] | None = None,
         config: SegmenterConfig | None = None,
         pacer: Pacer | None = None,
-        on_hint: Callable[[Utterance], None] | None = None,
+        hints: bool = True,
     ) -> None:
         self.room_id, self.student_id, self.student_name, self.language = room_id, student_id, student_name, language
-        self._on_utterance = on_utterance
-        self._on_speaking = on_speaking
+        self.out = out  # the next stage (stages.py): the utterance sink
+        self._hints = hints  # hand on the speech so far, for captions and speculation
+        self._on_speaking = on_speaking  # the room's "speaking" mark: an event, not the data path
         self._resample = To16kMono()
-        self._on_hint = on_hint
-        self._segmenter = UtteranceSegmenter(config or SegmenterConfig(), self._emit,
-                                             on_hint=self._hint if on_hint else lambda _: None)
+        self._segmenter = UtteranceSegmenter(config or SegmenterConfig(), self)
         self._speaking = False
         self._pacer = pacer or Pacer()
         # A page that keeps its audio (keep()): the stream clock, the utterances not yet
@@ -238,20 +238,21 @@ class StudentAudio:
             self._speaking = False
             self._on_speaking(False)
 
-    def _emit(self, speech: SegmentedSpeech) -> None:
+    def speech(self, speech: SegmentedSpeech) -> None:
+        """The VAD cut an utterance: to the sink."""
         u = self._utterance(speech)
         if self.kept:
             u.stream_span = self.clock.span(speech.first_sample, speech.audio.size)
             u.recovered = self._held is not None or speech.first_sample < self._recovered_before
             u.stream_clock = self.stream_clock
             self._unsettled[u.utterance_id] = speech.first_sample
-        self._on_utterance(u)
+        self.out.submit(u)
 
-    def _hint(self, speech: SegmentedSpeech) -> None:
-        assert self._on_hint is not None
-        # no live captions of speech sent again after a break: it is not live
-        if self._held is None and speech.first_sample >= self._recovered_before:
-            self._on_hint(self._utterance(speech))
+    def speech_so_far(self, speech: SegmentedSpeech) -> None:
+        """The utterance in progress so far: a hint to the sink. None of speech sent again after
+        a break: it is not live."""
+        if self._hints and self._held is None and speech.first_sample >= self._recovered_before:
+            self.out.hint(self._utterance(speech))
 
     def _utterance(self, speech: SegmentedSpeech) -> Utterance:
         return Utterance(

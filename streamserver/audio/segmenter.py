@@ -12,6 +12,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import webrtcvad
@@ -47,7 +48,7 @@ class SegmenterConfig:
     min_speech_ms: int = 250  # utterances with less voiced audio are clicks/coughs: dropped
     max_utterance_s: float = 20.0  # longer speech is cut into pieces, each emitted
     start_frames: int = 3  # voiced frames out of the last START_WINDOW needed to start
-    # Hints (on_hint), best effort, while a student speaks: every this much new voiced audio, the
+    # Hints (SpeechTaker.speech_so_far), best effort, while a student speaks: every this much new voiced audio, the
     # utterance so far ("partial"; 0: none; the first one after half of it: the teacher sees
     # who speaks, and about what, soonest) ...
     partial_interval_ms: int = 0
@@ -86,19 +87,28 @@ class SegmentedSpeech:
         return len(self.audio) / SAMPLE_RATE
 
 
+class SpeechTaker(Protocol):
+    """Where the VAD hands what it cuts (audio/pipeline.py StudentAudio): inside stage 2 of
+    stages.py."""
+
+    def speech(self, speech: SegmentedSpeech) -> None:
+        """A finished utterance (or a piece cut at the maximum length)."""
+
+    def speech_so_far(self, speech: SegmentedSpeech) -> None:
+        """The utterance in progress so far: a partial or a speculative hint."""
+
+
 class UtteranceSegmenter:
     """Not thread-safe: one per student stream, fed from one task."""
 
     def __init__(
         self,
         config: SegmenterConfig | None = None,
-        on_utterance: Callable[[SegmentedSpeech], None] = lambda _: None,
+        out: SpeechTaker | None = None,
         clock: Callable[[], float] = now,
-        on_hint: Callable[[SegmentedSpeech], None] = lambda _: None,
     ) -> None:
         self.config = c = config or SegmenterConfig()
-        self._on_utterance = on_utterance
-        self._on_hint = on_hint
+        self.out = out  # where each cut goes; None: nowhere
         self._clock = clock
         self._vad = webrtcvad.Vad(c.aggressiveness)
         self._n = SAMPLE_RATE * c.frame_ms // 1000  # samples per frame
@@ -259,12 +269,12 @@ class UtteranceSegmenter:
         self._load(rest)
 
     def _emit(self, upto: int, cut: bool) -> None:
-        if speech := self._speech(upto, cut):
-            self._on_utterance(speech)
+        if (speech := self._speech(upto, cut)) and self.out is not None:
+            self.out.speech(speech)
 
     def _hint(self, upto: int, kind: str) -> None:
-        if speech := self._speech(upto, False, kind):
-            self._on_hint(speech)
+        if self.out is not None and (speech := self._speech(upto, False, kind)):
+            self.out.speech_so_far(speech)
 
     def _speech(self, upto: int, cut: bool, kind: str = "final") -> SegmentedSpeech | None:
         """The first `upto` frames of this piece, if they hold enough voice to be an utterance."""

@@ -3,7 +3,7 @@ queued from it before the break, found by their place on the page's own clock
 (UtteranceQueue.sent_spans), are silenced before the VAD. Whatever gateway the page comes back
 to, and whatever the first connection's utterance ids were, the VAD then cuts only speech that
 no utterance holds yet, so none is recognised twice; the speech in progress at the break (never
-queued) comes through whole. The check at publication (queue/base.py covered) stays for a copy
+queued) comes through whole. The check at publication (queue/publication.py) stays for a copy
 queued after this looked (the old connection's last utterance, still on its way)."""
 
 from __future__ import annotations

@@ -13,12 +13,15 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from streamserver.events import TranscriptionSourceEvent
+
 KEEP = 500  # recent local events per room, for feeds that open during an outage
 
 
 class LocalFeeds:
     def __init__(self, keep: int = KEEP) -> None:
         self._keep = keep
+        self.central = True  # transcripts come from the central workers (False: this gateway's fallback)
         self._listeners: dict[str, set[asyncio.Queue[str | None]]] = {}
         self._recent: dict[str, deque[str]] = {}
 
@@ -36,6 +39,13 @@ class LocalFeeds:
             listeners.discard(queue)
             if not listeners:
                 del self._listeners[room_id]
+
+    def uplink_changed(self, up: bool, room_ids: list[str]) -> None:
+        """The fallback saw the uplink go or come back: every dashboard here is told (their
+        header says where transcripts come from)."""
+        self.central = up
+        for room_id in room_ids:
+            self.publish(room_id, TranscriptionSourceEvent(room_id, "central" if up else "local").to_json())
 
     def recent(self, room_id: str) -> list[str]:
         return list(self._recent.get(room_id, ()))

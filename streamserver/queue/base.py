@@ -85,33 +85,6 @@ class Speculation:
         return cls(fields["digest"], fields["event"], float(fields.get("pending_until", 0.0)))
 
 
-# A transcript is a copy of a published one when they are of one student's clock, at least one of
-# the two is recovered (sent again by the page after a break: the VAD, started again at another
-# point of the same audio, cuts about the same utterance), and published spans cover this much of
-# its own span. Measured against its own span, so that a recovered utterance that also holds new
-# speech (the VAD merged it with the published one) is published, its start twice, never lost.
-SPOKEN_OVERLAP = 0.5
-SPOKEN_KEPT_S = 600  # how far back (student clock seconds) published utterances are remembered
-
-
-def spoken_of(student_id: str, clock: str) -> str:
-    """Whose clock a transcript's span is on: a student's page load."""
-    return f"{student_id}:{clock}"
-
-
-def span_args(event: TranscriptEvent) -> list[str]:
-    """The spoken-record arguments of the queue scripts: span start, end ('' if none), recovered."""
-    if event.stream_start is None or event.stream_end is None:
-        return ["", "", "0"]
-    return [repr(event.stream_start), repr(event.stream_end), "1" if event.recovered else "0"]
-
-
-def covered(spans: list[tuple[float, float, bool]], start: float, end: float, recovered: bool) -> bool:
-    """Whether published spans (start, end, recovered) cover the span [start, end]: it is a copy."""
-    shared = sum(max(0.0, min(end, e) - max(start, s)) for s, e, r in spans if recovered or r)
-    return shared >= SPOKEN_OVERLAP * max(end - start, 1e-3)
-
-
 class QueueFull(Exception):
     """An utterance the queue refuses: `scope` ("student", "room" or "total") is the bound reached."""
 
@@ -156,16 +129,16 @@ class UtteranceQueue(Protocol):
 
     async def done_of(self, utterance_ids: list[str]) -> set[str]:
         """Those of the utterances whose result is published (or that were found to be copies of
-        a published one, queue/base.py covered): the audio of the others is not safe yet."""
+        a published one, queue/publication.py covered): the audio of the others is not safe yet."""
 
     async def sent_spans(self, room_id: str, spoken: str) -> list[tuple[float, float]]:
-        """Spans (start, end) on a student clock (spoken_of) of its utterances queued or
+        """Spans (start, end) on a student clock (publication.spoken_of) of its utterances queued or
         published: audio sent again that they hold is a copy (audio/sent_again.py)."""
 
     keeps_spoken: bool  # the queue's spoken record survives a restart of this process (Redis)
 
     def remember_spoken(self, room_id: str, spoken: str, spans: list[tuple[float, float, bool]]) -> None:
-        """Spans (start, end, recovered) of a student clock's utterances (spoken_of) published
+        """Spans (start, end, recovered) of a student clock's utterances (publication.spoken_of) published
         before this process knew them."""
 
     # ---- the worker's side ----

@@ -16,14 +16,10 @@ from typing import Any
 from streamserver.queue.fair import fair_batch
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance
-from streamserver.queue.base import (
-    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, SPOKEN_KEPT_S, Bounds, Entry, QueueFull, Speculation, covered,
-    spoken_of, wanted_hints,
-)
+from streamserver.queue.base import HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Entry, QueueFull, Speculation, wanted_hints
+from streamserver.queue.publication import SPOKEN_KEPT_S, PublishedHere, recent, spoken_of
 
 ALIVE_TTL_S = 1.0  # as the Redis queue's: a worker silent this long has no capacity
-DONE_REMEMBERED = 100_000  # utterance ids kept against a second publication
-SPOKEN_STUDENTS = 20_000  # students whose published spans are kept (the most recent)
 
 
 class MemoryQueue:
@@ -37,7 +33,7 @@ class MemoryQueue:
         self._ids = itertools.count(1)
         self._waiting: list[Entry] = []
         self._pending: dict[str, tuple[Utterance, float]] = {}  # delivered, not completed: id -> (u, when)
-        self._done: OrderedDict[str, None] = OrderedDict()
+        self._published = PublishedHere(publisher)  # stage 5: publish once (queue/publication.py)
         self._attempts: dict[str, int] = {}
         self._arrived = asyncio.Event()
         self._beat = (-1e9, 0.0, "none")  # (monotonic time, capacity utt/s, hints wanted) of the worker's last heartbeat
@@ -45,8 +41,6 @@ class MemoryQueue:
         # utterance id -> (its newest hint, monotonic time offered); a replaced hint keeps its place
         self._hints: OrderedDict[str, tuple[Utterance, float]] = OrderedDict()
         self._speculations: OrderedDict[str, tuple[Speculation, float]] = OrderedDict()
-        # (room, student) -> spans published, on the student's clock (queue/base.py: covered)
-        self._spoken: OrderedDict[tuple[str, str], list[tuple[float, float, bool]]] = OrderedDict()
         # (room, student clock) -> spans queued, on that clock (sent_spans)
         self._sent: OrderedDict[tuple[str, str], list[tuple[float, float]]] = OrderedDict()
 
@@ -63,7 +57,7 @@ class MemoryQueue:
         entry_id = f"{int(time.time() * 1000)}-{next(self._ids)}"  # as a Redis stream's: queue.base.queued_at
         self._waiting.append((entry_id, u))
         if u.stream_span is not None:
-            sent = _recent(self._sent, (u.room_id, spoken_of(u.student_id, u.stream_clock)))
+            sent = recent(self._sent, (u.room_id, spoken_of(u.student_id, u.stream_clock)))
             sent.append(u.stream_span)
             sent[:] = [s for s in sent if s[1] > u.stream_span[1] - SPOKEN_KEPT_S]
         self._hints.pop(u.utterance_id, None)  # the final makes its hint pointless
@@ -71,7 +65,7 @@ class MemoryQueue:
         return entry_id
 
     async def offer(self, hint: Utterance) -> None:
-        if hint.utterance_id in self._done or (hint.utterance_id not in self._hints and len(self._hints) >= HINTS_MAX):
+        if hint.utterance_id in self._published or (hint.utterance_id not in self._hints and len(self._hints) >= HINTS_MAX):
             return
         self._hints[hint.utterance_id] = (hint, time.monotonic())
         self._arrived.set()  # a worker waiting for finals looks at hints
@@ -101,7 +95,7 @@ class MemoryQueue:
         return {uid: kept[0] for uid in utterance_ids if (kept := self._speculations.get(uid))}
 
     async def publish_partial(self, event: TranscriptPartialEvent) -> bool:
-        if event.utterance_id in self._done:
+        if event.utterance_id in self._published:
             return False
         return await self.publisher.publish(event)
 
@@ -109,49 +103,22 @@ class MemoryQueue:
         return await self._publish_once(event)
 
     async def _publish_once(self, event: TranscriptEvent) -> bool:
-        """Publish the utterance's result unless one was already; False when it was. A bus that
-        does not take it raises: the caller retries, as it does when Redis is away."""
         self._speculations.pop(event.utterance_id, None)
-        if event.utterance_id in self._done:
-            return False
-        spoken = self._spoken_of(event.room_id, spoken_of(event.student_id, event.stream_clock))
-        span = (event.stream_start, event.stream_end, event.recovered) if event.stream_start is not None else None
-        if span and covered(spoken, *span):  # a copy of a published utterance, sent again after a break
-            self._remember_done(event.utterance_id)
-            return False
-        # Done and recorded before the publication is awaited: an original and its copy finishing
-        # together cannot both pass; a bus that refuses undoes it (the caller retries).
-        self._remember_done(event.utterance_id)
-        if span:
-            spoken.append(span)
-        try:
-            if not await self.publisher.publish(event):
-                raise ConnectionError(f"the bus did not take the result of utterance {event.utterance_id}")
-        except BaseException:
-            self._done.pop(event.utterance_id, None)
-            if span and span in spoken:
-                spoken.remove(span)
-            raise
-        if span:
-            spoken[:] = [s for s in spoken if s[1] > span[1] - SPOKEN_KEPT_S]
-        return True
+        return await self._published.publish_once(event)
 
     keeps_spoken = False  # a restarted `serve` starts empty: the room's history refills it
 
     def remember_spoken(self, room_id: str, spoken: str, spans: list[tuple[float, float, bool]]) -> None:
         """Spans published before this process started (from the room's history)."""
-        record = self._spoken_of(room_id, spoken)
+        record = self._published.spoken(room_id, spoken)
         record += [s for s in spans if s not in record]
 
-    def _spoken_of(self, room_id: str, spoken: str) -> list[tuple[float, float, bool]]:
-        return _recent(self._spoken, (room_id, spoken))
-
     async def sent_spans(self, room_id: str, spoken: str) -> list[tuple[float, float]]:
-        published = [(s, e) for s, e, _ in self._spoken_of(room_id, spoken)]
-        return _recent(self._sent, (room_id, spoken)) + published
+        published = [(s, e) for s, e, _ in self._published.spoken(room_id, spoken)]
+        return recent(self._sent, (room_id, spoken)) + published
 
     async def done_of(self, utterance_ids: list[str]) -> set[str]:
-        return {uid for uid in utterance_ids if uid in self._done}
+        return {uid for uid in utterance_ids if uid in self._published}
 
     async def depth(self) -> int:
         return len(self._waiting) + len(self._pending)
@@ -210,11 +177,6 @@ class MemoryQueue:
         self._attempts.pop(entry_id, None)
         return fresh
 
-    def _remember_done(self, utterance_id: str) -> None:
-        self._done[utterance_id] = None
-        if len(self._done) > DONE_REMEMBERED:
-            self._done.popitem(last=False)
-
     async def attempt(self, entry_id: str) -> int:
         self._attempts[entry_id] = self._attempts.get(entry_id, 0) + 1
         return self._attempts[entry_id]
@@ -228,12 +190,3 @@ def _decrement(counts: Counter, key: object) -> None:
     if counts[key] <= 0:
         del counts[key]
 
-
-def _recent(records: OrderedDict, key: tuple[str, str]) -> list:
-    """A student clock's record (queue/base.py spoken_of), made if new; the most recently used
-    are kept (SPOKEN_STUDENTS)."""
-    record = records.pop(key, [])
-    records[key] = record
-    if len(records) > SPOKEN_STUDENTS:
-        records.popitem(last=False)
-    return record

@@ -26,9 +26,9 @@ from streamserver.bus.keys import (
 )
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
 from streamserver.queue.base import (
-    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, SPOKEN_KEPT_S, SPOKEN_OVERLAP, Bounds, Entry, QueueFull,
-    Speculation, span_args, spoken_of, wanted_hints,
+    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Entry, QueueFull, Speculation, wanted_hints,
 )
+from streamserver.queue.publication import PUBLISH_ONCE_LUA, SPOKEN_KEPT_S, span_args, spoken_of
 from streamserver.queue.jobs import JobError, decode_job, encode_job, pack_hint_head, pcm16, unpack_hint
 
 log = logging.getLogger(__name__)
@@ -132,57 +132,13 @@ redis.call('PUBLISH', ARGV[1], ARGV[2])
 return 1
 """
 
-# Publish an utterance's result once: the done key decides (SET NX); the first result is
-# published, appended to the room's history, and a final also to the class transcript. Shared by
-# the worker's completion and the fallback's claim, so both go through one guard. A result placed
-# on its student's clock (span start, end; '' for none) is remembered there, and one that
-# published ones cover is a copy (the page sent the audio again after a break: queue/base.py).
-# publish_once(done, history, transcript, channel, event, history length, done TTL, history
-# field, is a final ('1'/'0'), retention, spoken, span start, span end, recovered ('1'/'0'))
-# -> whether this result was the first.
-_PUBLISH_ONCE = """
-local function covered(spoken, s, e, recovered)
-  local shared = 0
-  for _, m in ipairs(redis.call('ZRANGEBYSCORE', spoken, s, '+inf')) do
-    local ps, pe, pr = string.match(m, '^([^,]+),([^,]+),([01]),')
-    ps, pe = tonumber(ps), tonumber(pe)
-    if ps and (recovered == '1' or pr == '1') then
-      shared = shared + math.max(0, math.min(e, pe) - math.max(s, ps))
-    end
-  end
-  return shared >= OVERLAP * math.max(e - s, 0.001)
-end
-local function publish_once(done, history, transcript, channel, event, history_len, ttl, field, final, retention,
-                            spoken, span_start, span_end, recovered)
-  if redis.call('EXISTS', done) == 1 then return false end
-  local s, e = tonumber(span_start), tonumber(span_end)
-  if s and covered(spoken, s, e, recovered) then
-    redis.call('SET', done, '2', 'EX', ttl)  -- 2: a copy of a published utterance
-    return false
-  end
-  redis.call('SET', done, '1', 'EX', ttl)
-  redis.call('PUBLISH', channel, event)
-  redis.call('XADD', history, 'MAXLEN', '~', history_len, '*', field, event)
-  if final == '1' then
-    redis.call('RPUSH', transcript, event)
-    redis.call('EXPIRE', transcript, retention)
-  end
-  if s then
-    redis.call('ZADD', spoken, e, span_start .. ',' .. span_end .. ',' .. recovered .. ',' .. string.sub(done, -32))
-    redis.call('ZREMRANGEBYSCORE', spoken, '-inf', e - SPOKEN_KEPT)
-    redis.call('EXPIRE', spoken, SPOKEN_KEPT)
-  end
-  return true
-end
-""".replace("OVERLAP", repr(SPOKEN_OVERLAP)).replace("SPOKEN_KEPT", str(SPOKEN_KEPT_S))
-
 # The worker's completion: publish once, acknowledge and delete the job, and count it out of the
 # backlog (once: only the delivery that deletes it): atomically, so that no crash can publish
 # twice or acknowledge without publishing. KEYS: done, history, jobs, backlog, class transcript,
 # spoken, hint audio (no more hints); ARGV: channel, event, history length, group, entry id, done
 # TTL, history field, the two backlog fields, is a final, retention, span start, span end,
 # recovered.
-_COMPLETE = _PUBLISH_ONCE + """
+_COMPLETE = PUBLISH_ONCE_LUA + """
 local fresh = publish_once(KEYS[1], KEYS[2], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[6], ARGV[7], ARGV[10], ARGV[11],
                            KEYS[6], ARGV[12], ARGV[13], ARGV[14])
 redis.call('DEL', KEYS[7])
@@ -200,7 +156,7 @@ if fresh then return 1 else return 0 end
 # worker reads it (the done key). KEYS: done, history, class transcript, spoken, hint audio;
 # ARGV: channel, event, history length, done TTL, history field, is a final (1/0), retention,
 # span start, span end, recovered.
-_CLAIM = _PUBLISH_ONCE + """
+_CLAIM = PUBLISH_ONCE_LUA + """
 redis.call('DEL', KEYS[5])
 if publish_once(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7],
                 KEYS[4], ARGV[8], ARGV[9], ARGV[10]) then

@@ -16,6 +16,7 @@ from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import Utterance, UtteranceDropped, UtteranceQueued
 from streamserver.metrics import Metrics
 from streamserver.queue.base import UNREACHABLE, QueueFull, UtteranceQueue
+from streamserver.queue.publication import final_from_speculation
 from streamserver.queue.spool import Spool, SpoolError
 
 log = logging.getLogger(__name__)
@@ -125,8 +126,7 @@ class UtteranceSink:
         """Publish the final from its speculative result, if one is ready for this very audio:
         the final then waits for no recognition at all."""
         try:
-            speculation = await self.queue.speculation(u.utterance_id) if u.digest else None
-            event = speculation.final_for(u) if speculation else None
+            event = await final_from_speculation(self.queue, u)
             if event is None:
                 return False
             await self.publisher.publish(UtteranceQueued.of(u))
@@ -246,6 +246,15 @@ class UtteranceSink:
 
     async def depth(self) -> int:
         return await self.queue.depth()
+
+    async def watch_depth(self) -> None:
+        """The queue's depth, as a gauge, every second."""
+        while True:
+            try:
+                self.metrics.queue_depth.set(float(await self.depth()))
+            except Exception:  # noqa: BLE001 - the queue is away: the gauge keeps its last value
+                pass
+            await asyncio.sleep(1.0)
 
     async def busy(self, room_id: str | None = None) -> str | None:
         """Why a new student (of `room_id`) should be turned away now, or None: the room's or the

@@ -26,14 +26,16 @@ live audio it runs beside.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from typing import Callable
+from typing import Awaitable, Callable
 
 import numpy as np
 
 from streamserver.audio.pacing import Pacer, TooFast
 from streamserver.audio.pipeline import StudentAudio
+from streamserver.transport.ws_ingest import CLOSE_REPLACED, CLOSE_ROOM_CLOSED
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ LABEL = "recovery"
 ACK_EVERY_S = 0.5
 MAX_BINARY_BYTES = 64 * 1024  # 2 s of PCM16
 MAX_TEXT_CHARS = 256
+PEER_TOLD_S = 0.5  # a page's "ended" message has this long to get out before its peer closes
+_closing: set[asyncio.Task] = set()  # peers closing in the background (a task needs a reference)
 
 
 class ChannelError(ValueError):
@@ -119,3 +123,38 @@ def attach(channel, audio: StudentAudio, pacer: Callable[[], Pacer]) -> Callable
             log.exception("recovery message of student %s failed", audio.student_id)
 
     return send
+
+
+def teller(send: Callable[[dict], bool]) -> Callable[[dict], Awaitable[bool]]:
+    """attach()'s send, as the classroom tells any client (rooms/connections.py Tell)."""
+
+    async def tell(message: dict) -> bool:
+        return send(message)
+
+    return tell
+
+
+async def end_peer(pc, tell: Callable[[dict], Awaitable[bool | None]] | None, reason: str, code: int) -> None:  # noqa: ANN001 - aiortc's RTCPeerConnection
+    """End a student's WebRTC peer from the server's side. A page told on its recovery channel
+    that it was replaced or that its room closed stops there ("ended"); told nothing, it takes
+    the closed peer for a network break and connects again, and a duplicated tab (the same
+    identity: a browser copies a tab's sessionStorage) would take the seat back, then the other
+    tab, and so on. The peer closes PEER_TOLD_S later, in the background: closed at once, SCTP
+    drops what it has not sent."""
+    told = False
+    if code in (CLOSE_REPLACED, CLOSE_ROOM_CLOSED) and tell is not None:
+        told = bool(await tell({"type": "ended", "code": code, "error": reason}))
+    if not told:  # no channel open (a page without one, or not yet): it just closes
+        await pc.close()
+        return
+
+    async def close_later() -> None:
+        await asyncio.sleep(PEER_TOLD_S)
+        try:
+            await pc.close()
+        except Exception:  # noqa: BLE001 - the peer is going anyway; never the room
+            log.exception("closing a told peer failed")
+
+    task = asyncio.get_running_loop().create_task(close_later())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)

@@ -43,6 +43,7 @@ from aiortc.rtcicetransport import RTCIceTransport
 from aiortc.rtcrtpreceiver import StreamStatistics
 from aiortc.rtp import RtcpByePacket, RtpPacket, is_rtcp
 
+from streamserver.stages import PcmTaker
 from streamserver.transport import dtx
 
 log = logging.getLogger(__name__)
@@ -157,8 +158,8 @@ class Reorder:
     dropped. Gaps in the timestamps (a lost packet, or a sender pausing) are filled up to
     MAX_GAP, so that the PCM follows the sender's clock."""
 
-    def __init__(self, on_pcm: Callable[[np.ndarray], None], decoder: OpusDecoder16k | None = None) -> None:
-        self.on_pcm = on_pcm
+    def __init__(self, out: PcmTaker, decoder: OpusDecoder16k | None = None) -> None:
+        self.out = out
         self.decoder = decoder or OpusDecoder16k()
         self._next_seq: int | None = None
         self._end_ts = 0  # RTP timestamp where the audio handed on so far ends
@@ -201,7 +202,7 @@ class Reorder:
         ticks = (until_ts - self._end_ts) & 0xFFFFFFFF
         if 0 < ticks < 1 << 31 and (samples := min(ticks // TICKS_PER_SAMPLE, MAX_GAP)):
             self._end_ts = (self._end_ts + samples * TICKS_PER_SAMPLE) & 0xFFFFFFFF
-            self.on_pcm(np.zeros(samples, np.int16))
+            self.out.push_pcm16(np.zeros(samples, np.int16))
 
     def flush(self) -> None:
         """The stream ended: what is held is played, gaps concealed."""
@@ -244,7 +245,7 @@ class Reorder:
         else:
             pcm = filler
         if pcm is not None and pcm.size:
-            self.on_pcm(pcm)
+            self.out.push_pcm16(pcm)
 
 
 class RtpAudio(NamedTuple):
@@ -447,12 +448,12 @@ class Batcher:
     work per call (a bucket update, a concatenation, dtype checks) is paid once per three packets.
     The audio is the same; the VAD sees it at most 40 ms later."""
 
-    def __init__(self, on_pcm: Callable[[np.ndarray], None], samples: int = 3 * RATE // 50) -> None:
-        self._on_pcm, self._samples = on_pcm, samples
+    def __init__(self, out: PcmTaker, samples: int = 3 * RATE // 50) -> None:
+        self.out, self._samples = out, samples
         self._parts: list[np.ndarray] = []
         self._held = 0
 
-    def push(self, pcm: np.ndarray) -> None:
+    def push_pcm16(self, pcm: np.ndarray) -> None:
         self._parts.append(pcm)
         self._held += pcm.size
         if self._held >= self._samples:
@@ -461,15 +462,15 @@ class Batcher:
     def flush(self) -> None:
         if self._parts:
             parts, self._parts, self._held = self._parts, [], 0
-            self._on_pcm(parts[0] if len(parts) == 1 else np.concatenate(parts))
+            self.out.push_pcm16(parts[0] if len(parts) == 1 else np.concatenate(parts))
 
 
-def install(receiver: RTCRtpReceiver, on_pcm: Callable[[np.ndarray], None], on_end: Callable[[], None],
+def install(receiver: RTCRtpReceiver, stream: PcmTaker, on_end: Callable[[], None],
             on_error: Callable[[BaseException], None], utterance_open: Callable[[], bool] = lambda: False,
             ) -> AudioReceiver:
     """Make the (not yet started) audio receiver of a peer an AudioReceiver: each packet's audio
-    goes to on_pcm as 16 kHz mono int16, in order; on_end once when the stream ends (the peer
-    closed, disconnected or sent BYE); an exception from on_pcm goes to on_error and the stream
+    goes to `stream` as 16 kHz mono int16, in order; on_end once when the stream ends (the peer
+    closed, disconnected or sent BYE); an exception from the stream goes to on_error and it
     goes on. `utterance_open` says whether the stream's VAD has an utterance open: while it has,
     the silence of a sender in DTX is handed on as time passes (transport/dtx.py). aiortc builds
     receivers itself (no factory to hand it), so the class of this one
@@ -480,8 +481,8 @@ def install(receiver: RTCRtpReceiver, on_pcm: Callable[[np.ndarray], None], on_e
         raise ValueError("the receiver already runs a decoder thread")
     receiver.__class__ = AudioReceiver
     assert isinstance(receiver, AudioReceiver)
-    batcher = Batcher(on_pcm)
-    receiver._reorder = Reorder(batcher.push)
+    batcher = Batcher(stream)
+    receiver._reorder = Reorder(batcher)
     receiver._batcher = batcher
     receiver._on_end, receiver._on_error, receiver._ended, receiver._ssrc = on_end, on_error, False, None
     receiver._open, receiver._dtx_from = utterance_open, None

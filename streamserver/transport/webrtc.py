@@ -12,12 +12,12 @@ import logging
 from typing import Callable
 
 import aioice.ice
-import numpy as np
 from aiortc import (
     RTCConfiguration, RTCDataChannel, RTCIceServer, RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription,
 )
 
 from streamserver.audio.pacing import TooFast
+from streamserver.stages import PcmTaker
 from streamserver.transport import dtx, rtp_audio
 from streamserver.transport.candidates import CandidatePolicy, TooManyCandidates, filter_offer
 
@@ -59,14 +59,15 @@ def _opus_only() -> list:
 async def answer(
     offer_sdp: str,
     ice_servers: list[dict],
-    on_pcm: Callable[[np.ndarray], None],
+    stream: PcmTaker,
     on_end: Callable[[], None],
     candidates: CandidatePolicy = CandidatePolicy(),
     on_channel: Callable[[RTCDataChannel], None] | None = None,
     utterance_open: Callable[[], bool] = lambda: False,
 ) -> tuple[RTCPeerConnection, str]:
-    """Accept an audio offer; the student's audio goes to on_pcm as 16 kHz mono int16 as its
-    packets arrive (transport/rtp_audio.py), on_end once when it stops. on_pcm raising TooFast
+    """Accept an audio offer; the student's audio goes to `stream` (the next stage: stages.py) as
+    16 kHz mono int16 as its packets arrive (transport/rtp_audio.py), on_end once when it stops.
+    The stream raising TooFast
     closes the peer. Only the offer's allowed ICE candidates are contacted (transport/candidates.py).
     A data channel the page opens goes to on_channel (transport/recovery.py). The answer asks the
     browser for DTX (transport/dtx.py); `utterance_open` tells the receiver when its silence is
@@ -100,7 +101,7 @@ async def answer(
         else:  # a bad packet costs that packet, never the room
             log.error("dropping audio that could not be processed", exc_info=error)
 
-    receiver = rtp_audio.install(audio.receiver, on_pcm, finish, refused, utterance_open)
+    receiver = rtp_audio.install(audio.receiver, stream, finish, refused, utterance_open)
 
     @pc.on("datachannel")
     def on_datachannel(channel: RTCDataChannel) -> None:

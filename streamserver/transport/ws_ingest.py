@@ -32,6 +32,7 @@ import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from streamserver.audio.pacing import TooFast
+from streamserver.stages import PcmTaker
 from streamserver.audio.timeline import CLOCK_NAME
 from streamserver.audio.resample import RATE, To16kMono
 
@@ -124,17 +125,17 @@ Keep = Callable[[dict], Awaitable[None]]
 
 
 async def serve(
-    request: web.Request, ws: web.WebSocketResponse, identity: dict[str, str], push: Callable[[np.ndarray], None],
+    request: web.Request, ws: web.WebSocketResponse, identity: dict[str, str], stream: PcmTaker,
     current: Callable[[], bool], keep: Keep | None = None, end: Ender | None = None,
 ) -> web.WebSocketResponse:
-    """Run one student's stream until either side closes: decoded 16 kHz PCM goes to `push`
+    """Run one student's stream until either side closes: decoded 16 kHz PCM goes to `stream`
     while `current()` says this stream is still the student's (a reconnect replaces it).
     `identity` (room_id, student_id, resume) goes into the ready message; `keep` gets the
     stream times of a client that keeps its audio; `end`, the stream's Ender, if the server may
     end it from outside. The caller has checked the token, seated the student and ends the stream
     afterwards."""
     await ws.prepare(request)
-    await _stream(ws, identity, push, current, keep, end or Ender(ws))
+    await _stream(ws, identity, stream, current, keep, end or Ender(ws))
     return ws
 
 
@@ -144,7 +145,7 @@ def said_goodbye(ws: web.WebSocketResponse) -> bool:
 
 
 async def _stream(
-    ws: web.WebSocketResponse, identity: dict[str, str], push: Callable[[np.ndarray], None], current: Callable[[], bool],
+    ws: web.WebSocketResponse, identity: dict[str, str], stream: PcmTaker, current: Callable[[], bool],
     keep: Keep | None, end: Ender,
 ) -> None:
     who = f'{identity["room_id"]}/{identity["student_id"]}'
@@ -154,7 +155,7 @@ async def _stream(
         end.reader = asyncio.current_task()
         try:
             if end.why is None:  # not ended before it started
-                replaced = await _listen(ws, who, push, current, keep)
+                replaced = await _listen(ws, who, stream, current, keep)
         finally:
             end.reader = None  # from here on the Ender no longer interrupts this task
     except asyncio.CancelledError:
@@ -173,7 +174,7 @@ async def _stream(
 
 
 async def _listen(
-    ws: web.WebSocketResponse, who: str, push: Callable[[np.ndarray], None], current: Callable[[], bool],
+    ws: web.WebSocketResponse, who: str, stream: PcmTaker, current: Callable[[], bool],
     keep: Keep | None,
 ) -> tuple[str, int] | None:
     """The client's messages until it closes (or the Ender interrupts this); the reason and code
@@ -187,7 +188,7 @@ async def _listen(
             if len(message.data) > MAX_MESSAGE_BYTES:
                 raise BadInput(f"message of {len(message.data)} bytes is over {MAX_MESSAGE_BYTES}", CLOSE_TOO_BIG)
             try:
-                push(decoder.decode(message.data))
+                stream.push_pcm16(decoder.decode(message.data))
             except TooFast as error:
                 raise BadInput(str(error), CLOSE_TOO_FAST) from None
         elif message.type == WSMsgType.TEXT:
