@@ -18,6 +18,9 @@ class Bus(Protocol):
         """Deliver to current subscribers of the room and, if `keep`, append to its history
         (a live caption is not kept: a dashboard that joins later replays finals only)."""
 
+    async def publish_many(self, room_id: str, events: list[tuple[str, bool]]) -> None:
+        """Several events of one room (JSON, keep), in order, in one round trip."""
+
     def subscribe(self, room_id: str) -> AsyncIterator[str]:
         """Events of the room from now on, as JSON strings, until the iterator is closed."""
 

@@ -30,6 +30,10 @@ class MemoryBus:
         self._next_prune = clock()
         self._closed = False
 
+    async def publish_many(self, room_id: str, events: list[tuple[str, bool]]) -> None:
+        for event_json, keep in events:
+            await self.publish(room_id, event_json, keep)
+
     async def publish(self, room_id: str, event_json: str, keep: bool = True) -> None:
         history = self._history.get(room_id)
         if history is None:

@@ -138,22 +138,25 @@ class RedisBus:
         self._release_seat = self._redis.register_script(_RELEASE_SEAT)
 
     async def publish(self, room_id: str, event_json: str, keep: bool = True) -> None:
+        await self.publish_many(room_id, [(event_json, keep)])
+
+    async def publish_many(self, room_id: str, events: list[tuple[str, bool]]) -> None:
         # One round trip; no MULTI: live delivery and history need no atomicity between them.
         try:
-            if not keep:
-                await self._redis.publish(room_channel(room_id), event_json)
-                return
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.publish(room_channel(room_id), event_json)
-                pipe.xadd(
-                    history_key(room_id),
-                    {HISTORY_FIELD: event_json},
-                    maxlen=self._history_len,
-                    approximate=True,  # "~": trims whole radix nodes, cheaper than an exact cap
-                )
-                if is_final_transcript(event_json):  # the whole class, for the teacher's export
-                    pipe.rpush(transcript_key(room_id), event_json)
-                    pipe.expire(transcript_key(room_id), self._retention_s)
+                for event_json, keep in events:
+                    pipe.publish(room_channel(room_id), event_json)
+                    if not keep:
+                        continue
+                    pipe.xadd(
+                        history_key(room_id),
+                        {HISTORY_FIELD: event_json},
+                        maxlen=self._history_len,
+                        approximate=True,  # "~": trims whole radix nodes, cheaper than an exact cap
+                    )
+                    if is_final_transcript(event_json):  # the whole class, for the teacher's export
+                        pipe.rpush(transcript_key(room_id), event_json)
+                        pipe.expire(transcript_key(room_id), self._retention_s)
                 await pipe.execute()
         except _FAILURES as e:
             raise BusError(f"publish to room {room_id!r} failed: {e}") from e

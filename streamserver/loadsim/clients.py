@@ -63,9 +63,13 @@ def speech_file(path: Path, audio: np.ndarray, lead_s: float = 1.0, tail_s: floa
 
 async def create_room(
     session: aiohttp.ClientSession, url: str, admin_token: str, name: str = "class",
-    language: str = LoadConfig.language,
+    language: str = LoadConfig.language, max_students: int | None = None,
 ) -> dict:
-    async with session.post(f"{url}/api/rooms", json={"name": name, "language": language}, headers=admin_headers(admin_token)) as r:
+    """A room (sized for `max_students`, else the server's default size)."""
+    body: dict = {"name": name, "language": language}
+    if max_students is not None:
+        body["max_students"] = max_students
+    async with session.post(f"{url}/api/rooms", json=body, headers=admin_headers(admin_token)) as r:
         assert r.status == 201, await r.text()
         return await r.json()
 

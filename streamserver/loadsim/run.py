@@ -18,6 +18,7 @@ from typing import Any, TextIO
 import aiohttp
 
 from streamserver.heap import freeze_startup_heap
+from streamserver.config import Settings
 from streamserver.loadsim import report
 from streamserver.loadsim.clients import Dashboard, create_room, next_url
 from streamserver.loadsim.config import LoadConfig
@@ -80,7 +81,10 @@ class Run:
     async def _create_room(self, session: aiohttp.ClientSession, index: int) -> dict:
         """A room lives in the server that created it: its students and dashboard go there too."""
         url = self.config.urls[index % len(self.config.urls)]
-        room = await create_room(session, url, self.config.admin_token, f"loadsim {index + 1}", self.config.language)
+        # A room big enough for its share of the students (a hall: thousands), never below a
+        # server's default size, so that a class sized as before runs as before.
+        seats = max(-(-self.config.students // self.config.rooms), Settings.max_students)
+        room = await create_room(session, url, self.config.admin_token, f"loadsim {index + 1}", self.config.language, seats)
         return {**room, "url": url}
 
     async def _students_elsewhere(self, plan: StudentPlan) -> None:

@@ -25,8 +25,8 @@ class RoomDirectory:
         self.rooms, self.bus, self.idle_ttl_s, self.link_ttl_s = rooms, bus, idle_ttl_s, link_ttl_s
         self.closed: set[str] = set()  # closed here (other processes read the tombstone)
 
-    async def create(self, name: str, language: str) -> Room:
-        room = self.rooms.create(name, language)
+    async def create(self, name: str, language: str, max_students: int | None = None) -> Room:
+        room = self.rooms.create(name, language, max_students)
         await self.announce(room)
         return room
 

@@ -39,8 +39,9 @@ class RoomRegistry:
         self.max_students = max_students
         self.rooms: dict[str, Room] = {}
 
-    def create(self, name: str, language: str) -> Room:
-        room = Room(secrets.token_urlsafe(8), name, language, self.max_students)
+    def create(self, name: str, language: str, max_students: int | None = None) -> Room:
+        """A new room, with its own student limit (a lecture's thousands) or this process's."""
+        room = Room(secrets.token_urlsafe(8), name, language, max_students or self.max_students)
         self.rooms[room.room_id] = room
         return room
 

@@ -1,0 +1,84 @@
+"""A room's per-event and per-join costs do not grow with its size (issue: the lecture hall).
+
+Publishing: a room's events leave in order, through one lane per room (bus/ordered.py); a lane
+sends what waits as one batch, so a lecture whose events come faster than one round trip each
+costs a round trip per batch, not per event. Joining: a join's per-address check counts from
+an index (rooms/connections.py), not over every connection of the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from streamserver.bus.ordered import OrderedPublisher
+from streamserver.bus.redis import RedisBus
+from streamserver.events import StudentEvent
+from streamserver.rooms.connections import Connection, Connections
+
+
+def test_a_rooms_events_leave_in_order_in_few_round_trips(redis_url: str) -> None:
+    """2,000 students of one room joining at once: every event published, in the order made,
+    in far fewer round trips than events; the same holds room by room for ten rooms."""
+
+    async def body() -> None:
+        bus = RedisBus(redis_url, history_len=5000)  # the whole run stays in the history, to check its order
+        trips: list[int] = []
+        publish_many = bus.publish_many
+
+        async def counted(room_id: str, events: list[tuple[str, bool]]) -> None:
+            trips.append(len(events))
+            await publish_many(room_id, events)
+
+        bus.publish_many = counted  # type: ignore[method-assign]
+        publisher = OrderedPublisher(bus)
+        try:
+            for rooms in (1, 10):
+                trips.clear()
+                names = [f"size-{rooms}-{time.time_ns()}-{i}" for i in range(rooms)]
+                made = [StudentEvent(names[i % rooms], f"s{i}", f"Student {i}", "student_joined") for i in range(2000)]
+                assert all(await asyncio.gather(*(publisher.publish(e) for e in made)))
+                assert sum(trips) == len(made)
+                assert len(trips) <= len(made) // 20, f"{len(trips)} round trips for {len(made)} events in {rooms} room(s)"
+                for name in names:
+                    history = [json.loads(e)["student_id"] for e in await bus.history(name, 5000)]
+                    assert history == [e.student_id for e in made if e.room_id == name]  # in the order made
+        finally:
+            await bus.close()
+
+    asyncio.run(body())
+
+
+def test_a_joins_address_check_costs_the_same_in_a_lecture():
+    """The per-address count a join asks for, in a process holding 30 students against 20,000."""
+
+    def timed(students: int) -> float:
+        connections = Connections()
+        for i in range(students):
+            connections[("hall", f"s{i}")] = Connection(_end, None, f"10.0.{i % 200}.{i % 250}")  # type: ignore[arg-type]
+        started = time.perf_counter()
+        for i in range(2000):
+            connections.from_address("hall", f"10.0.{i % 200}.{i % 250}", f"s{i}")
+        return time.perf_counter() - started
+
+    small, large = min(timed(30) for _ in range(3)), min(timed(20_000) for _ in range(3))
+    assert large < 3 * small + 0.005, f"{large * 1000:.1f} ms against {small * 1000:.1f} ms"
+
+
+def test_the_address_count_follows_connections_as_they_come_and_go():
+    connections = Connections()
+    connections[("r", "a")] = Connection(_end, None, "1.1.1.1")  # type: ignore[arg-type]
+    connections[("r", "b")] = Connection(_end, None, "1.1.1.1")  # type: ignore[arg-type]
+    connections[("q", "c")] = Connection(_end, None, "1.1.1.1")  # type: ignore[arg-type]
+    assert connections.from_address("r", "1.1.1.1", "a") == 1  # b: the asking student is not counted
+    assert connections.from_address("r", "1.1.1.1", "new") == 2
+    connections[("r", "a")] = Connection(_end, None, "2.2.2.2")  # type: ignore[arg-type]  # a reconnect from elsewhere
+    assert connections.from_address("r", "1.1.1.1", "new") == 1 and connections.from_address("r", "2.2.2.2", "new") == 1
+    del connections[("r", "b")]
+    assert connections.pop(("r", "b"), None) is None
+    assert connections.from_address("r", "1.1.1.1", "new") == 0 and connections.from_address("q", "1.1.1.1", "new") == 1
+
+
+async def _end(_reason: str, _code: int) -> None:
+    return None
