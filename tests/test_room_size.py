@@ -12,6 +12,8 @@ import asyncio
 import json
 import time
 
+import pytest
+
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.bus.redis import RedisBus
 from streamserver.events import StudentEvent
@@ -82,3 +84,41 @@ def test_the_address_count_follows_connections_as_they_come_and_go():
 
 async def _end(_reason: str, _code: int) -> None:
     return None
+
+
+def test_a_room_sets_its_own_size_and_several_dashboards_see_the_same_class():
+    """A room asks for its own size (a lecture's thousands; here 4, on a server whose default is
+    2): it seats that many and refuses the next; its teacher and two teaching assistants, each on
+    a dashboard of their own, see the same events in the same order."""
+    import aiohttp
+
+    from streamserver.loadsim.clients import Dashboard, JoinRefused, admin_headers, create_room
+    from streamserver.loadsim.ws_student import WsStudent
+    from tests.server_process import ADMIN_TOKEN, ServerProcess
+
+    async def scenario(url: str) -> None:
+        async with aiohttp.ClientSession() as s:
+            for bad in (0, 100_001, "4", 2.5):
+                async with s.post(f"{url}/api/rooms", json={"name": "hall", "max_students": bad},
+                                  headers=admin_headers(ADMIN_TOKEN)) as r:
+                    assert r.status == 400 and "max_students" in (await r.json())["error"]
+            room = await create_room(s, url, ADMIN_TOKEN, "hall", max_students=4)
+            assert room["max_students"] == 4
+            dashboards = [await Dashboard().open(s, url, room) for _ in range(3)]
+            students = [WsStudent(s, url, room, f"student {i}", "") for i in range(4)]
+            for student in students:
+                await student.connect()
+            with pytest.raises(JoinRefused) as refused:
+                await WsStudent(s, url, room, "one too many", "").connect()
+            assert refused.value.status == 429
+            for _ in range(100):
+                joined = [[e["student_id"] for e in d.events if e["type"] == "student_joined"] for d in dashboards]
+                if all(len(j) == 4 for j in joined):
+                    break
+                await asyncio.sleep(0.1)
+            assert joined[0] == joined[1] == joined[2] and sorted(joined[0]) == sorted(st.student_id for st in students)
+            for student in students:
+                await student.close()
+
+    with ServerProcess("--max-students", "2") as server:
+        asyncio.run(scenario(server.url))
