@@ -1,0 +1,94 @@
+"""Question grouping (streamserver/intent/groups.py) on paraphrased lecture questions in English
+and Mandarin (benchmarks/questions/paraphrases.jsonl): purity and completeness of the groups
+found against the questions asked.
+
+The threshold is chosen on the development half of the question groups (every other group, in
+file order) and reported on the other half, never looked at when choosing; the questions arrive
+interleaved in a fixed random order, as a live class's would. Embeddings are the intent
+labeller's (multilingual-e5-small on ONNX Runtime, the CPU default).
+
+    .venv/bin/python -m benchmarks.question_groups --out benchmarks/results/question-groups.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+
+from streamserver.intent.groups import SAME_QUESTION, QuestionGroups, purity_completeness
+
+DATA = Path(__file__).with_name("questions") / "paraphrases.jsonl"
+SEED = 7
+THRESHOLDS = [round(0.80 + 0.005 * i, 3) for i in range(37)]  # 0.80 .. 0.98
+
+
+def load(path: Path = DATA) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def halves(rows: list[dict]) -> tuple[set[str], set[str]]:
+    """The development and the held-out question groups: every other group, in file order."""
+    order = list(dict.fromkeys(r["group"] for r in rows))
+    return set(order[0::2]), set(order[1::2])
+
+
+def grouped(rows: list[dict], vectors: np.ndarray, threshold: float, seed: int = SEED) -> tuple[float, float, int]:
+    """Purity, completeness and the number of groups found, the questions arriving shuffled."""
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    groups = QuestionGroups(threshold)
+    found = {i: groups.add(str(i), f"s{i}", rows[i]["text"], vectors[i], float(n)).group_id for n, i in enumerate(order)}
+    purity, completeness = purity_completeness([found[i] for i in range(len(rows))], [r["group"] for r in rows])
+    return purity, completeness, len(groups.groups)
+
+
+def choose(rows: list[dict], vectors: np.ndarray) -> float:
+    """The threshold with the best min(purity, completeness) on these questions."""
+    return max(THRESHOLDS, key=lambda t: (min(grouped(rows, vectors, t)[:2]), -abs(t - SAME_QUESTION)))
+
+
+def embed(texts: list[str]) -> np.ndarray:
+    from streamserver.intent.e5_onnx import OnnxE5Embedder
+
+    return OnnxE5Embedder().embed(texts)
+
+
+def evaluate(rows: list[dict], vectors: np.ndarray) -> dict:
+    dev, held_out = halves(rows)
+    report: dict = {"questions": len(rows), "groups": len(dev | held_out), "default_threshold": SAME_QUESTION}
+    for name, langs in (("en", {"en"}), ("zh", {"zh"}), ("both", {"en", "zh"})):
+        pick = lambda groups: [i for i, r in enumerate(rows) if r["group"] in groups and r["lang"] in langs]  # noqa: E731
+        d, h = pick(dev), pick(held_out)
+        chosen = choose([rows[i] for i in d], vectors[d])
+        part = {"chosen_on_dev": chosen}
+        for label, idx in (("dev", d), ("held_out", h)):
+            for t_label, t in (("chosen", chosen), ("default", SAME_QUESTION)):
+                purity, completeness, n = grouped([rows[i] for i in idx], vectors[idx], t)
+                part[f"{label}_{t_label}"] = {"purity": round(purity, 3), "completeness": round(completeness, 3),
+                                              "groups_found": n, "groups_asked": len({rows[i]["group"] for i in idx}),
+                                              "questions": len(idx)}
+        report[name] = part
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    rows = load()
+    started = time.perf_counter()
+    vectors = embed([r["text"] for r in rows])
+    report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "embed_s": round(time.perf_counter() - started, 2),
+              **evaluate(rows, vectors)}
+    print(json.dumps(report, indent=1, ensure_ascii=False))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Questions of a lecture grouped by what they ask: the hall view of a room of thousands, where
+a line per question is more than a teacher can read.
+
+Each question's sentence embedding (the intent labeller's multilingual-e5-small vector,
+L2-normalised: model.Embedder) joins the open group whose centroid is most similar to it, when
+that similarity reaches SAME_QUESTION; otherwise it opens a group of its own. A group keeps its
+count, its students, a representative question (the member nearest its centroid) and when it
+last grew; a group the teacher marks answered reopens when the question comes again. Online
+and in arrival order, as the questions of a live class come: one comparison against each group's
+centroid per question (a matrix-vector product), so a hall's ~100 questions a second cost
+little. benchmarks/question_groups.py measures it on paraphrased questions in English and
+Mandarin (benchmarks/README.md, "Question groups").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Cosine similarity from which two questions ask the same thing (chosen on the development half
+# of the paraphrase set's groups: benchmarks/question_groups.py).
+SAME_QUESTION = 0.89
+MAX_GROUPS = 2000  # the oldest groups go past this (a class of hours)
+
+
+@dataclass
+class Group:
+    group_id: int
+    representative: str
+    count: int = 0
+    students: set[str] = field(default_factory=set)
+    utterances: list[str] = field(default_factory=list)
+    last_at: float = 0.0
+    answered: bool = False
+    _vector: np.ndarray | None = field(default=None, repr=False)  # the representative's
+
+    def to_dict(self) -> dict:
+        return {"group_id": self.group_id, "question": self.representative, "count": self.count,
+                "students": len(self.students), "last_at": self.last_at, "answered": self.answered}
+
+
+class QuestionGroups:
+    def __init__(self, threshold: float = SAME_QUESTION, max_groups: int = MAX_GROUPS) -> None:
+        self.threshold, self.max_groups = threshold, max_groups
+        self.groups: dict[int, Group] = {}
+        self._sums = np.zeros((0, 0), np.float32)  # one row per group: the sum of its members' vectors
+        self._ids: list[int] = []  # the group of each row
+        self._next = 0
+
+    def add(self, utterance_id: str, student_id: str, text: str, vector: np.ndarray, at: float) -> Group:
+        """File a question (its L2-normalised embedding) under its group, made if new."""
+        vector = np.asarray(vector, np.float32)
+        row = self._nearest(vector)
+        if row is None:
+            group = self._open(text, vector)
+            row = len(self._ids) - 1
+        else:
+            group = self.groups[self._ids[row]]
+            self._sums[row] += vector
+        group.count += 1
+        group.students.add(student_id)
+        group.utterances.append(utterance_id)
+        group.last_at = at
+        group.answered = False  # asked again: open until the teacher says otherwise
+        centroid = self._sums[row] / np.linalg.norm(self._sums[row])
+        if group._vector is None or float(centroid @ vector) > float(centroid @ group._vector):
+            group.representative, group._vector = text, vector
+        return group
+
+    def mark_answered(self, group_id: int) -> bool:
+        group = self.groups.get(group_id)
+        if group is None:
+            return False
+        group.answered = True
+        return True
+
+    def newest_first(self, limit: int = 50) -> list[Group]:
+        return sorted(self.groups.values(), key=lambda g: g.last_at, reverse=True)[:limit]
+
+    def _nearest(self, vector: np.ndarray) -> int | None:
+        if not self._ids:
+            return None
+        norms = np.linalg.norm(self._sums, axis=1)
+        similarity = (self._sums @ vector) / norms
+        best = int(np.argmax(similarity))
+        return best if similarity[best] >= self.threshold else None
+
+    def _open(self, text: str, vector: np.ndarray) -> Group:
+        if len(self._ids) >= self.max_groups:
+            oldest = min(range(len(self._ids)), key=lambda r: self.groups[self._ids[r]].last_at)
+            del self.groups[self._ids.pop(oldest)]
+            self._sums = np.delete(self._sums, oldest, axis=0)
+        group = Group(self._next, text)
+        self._next += 1
+        self.groups[group.group_id] = group
+        self._ids.append(group.group_id)
+        self._sums = vector[None, :].copy() if self._sums.size == 0 else np.vstack([self._sums, vector])
+        return group
+
+
+def purity_completeness(found: list[int], truth: list[str]) -> tuple[float, float]:
+    """Purity (each group found holds one true question: the share of items in their group's
+    most common true question) and completeness (each true question lands in one group: the
+    share of items in their true question's most common group found)."""
+    n = len(found)
+    pairs = list(zip(found, truth))
+
+    def share(key: int) -> float:
+        tally: dict = {}
+        for pair in pairs:
+            tally.setdefault(pair[key], {}).setdefault(pair[1 - key], 0)
+            tally[pair[key]][pair[1 - key]] += 1
+        return sum(max(counts.values()) for counts in tally.values()) / n
+
+    return share(0), share(1)

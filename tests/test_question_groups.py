@@ -1,0 +1,43 @@
+"""Question groups (streamserver/intent/groups.py): the mechanics on vectors made for the purpose,
+and the grouping of real paraphrased questions embedded by the intent labeller's e5 (figures of
+the whole set: benchmarks/question_groups.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from streamserver.intent.groups import QuestionGroups, purity_completeness
+
+
+def _unit(*parts: float) -> np.ndarray:
+    v = np.array(parts, np.float32)
+    return v / np.linalg.norm(v)
+
+
+def test_a_question_joins_the_group_it_asks_or_opens_its_own():
+    groups = QuestionGroups(threshold=0.9, max_groups=2)
+    due = groups.add("u1", "ann", "when is the homework due", _unit(1, 0, 0), 1.0)
+    again = groups.add("u2", "bo", "homework deadline?", _unit(1, 0.1, 0), 2.0)
+    where = groups.add("u3", "cy", "where do I hand it in", _unit(0, 1, 0), 3.0)
+    assert again is due and where is not due
+    assert (due.count, len(due.students), due.utterances) == (2, 2, ["u1", "u2"])
+    assert [g.group_id for g in groups.newest_first()] == [where.group_id, due.group_id]
+    assert groups.mark_answered(due.group_id) and due.answered and not groups.mark_answered(99)
+    groups.add("u4", "dee", "due date of the homework", _unit(1, 0.05, 0), 4.0)
+    assert not due.answered and due.count == 3  # asked again: open again
+    groups.add("u5", "eve", "can you speak louder", _unit(0, 0, 1), 5.0)  # a third group: the oldest goes
+    assert where.group_id not in groups.groups and len(groups.groups) == 2
+
+
+def test_the_representative_is_the_question_nearest_the_groups_centre():
+    groups = QuestionGroups(threshold=0.8)
+    edge = groups.add("u1", "a", "edge", _unit(1, 0.2, 0), 1.0)
+    groups.add("u2", "b", "other edge", _unit(1, -0.2, 0), 2.0)
+    groups.add("u3", "c", "centre", _unit(1, 0, 0), 3.0)
+    assert edge.representative == "centre" and edge.to_dict()["count"] == 3
+
+
+def test_purity_and_completeness():
+    assert purity_completeness([0, 0, 1, 1], ["x", "x", "y", "y"]) == (1.0, 1.0)
+    assert purity_completeness([0, 0, 1, 1], ["x", "x", "y", "z"]) == (0.75, 1.0)  # y and z share a group
+    assert purity_completeness([0, 1, 2, 2], ["x", "x", "y", "y"]) == (1.0, 0.75)  # x is split in two
