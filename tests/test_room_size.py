@@ -122,3 +122,23 @@ def test_a_room_sets_its_own_size_and_several_dashboards_see_the_same_class():
 
     with ServerProcess("--max-students", "2") as server:
         asyncio.run(scenario(server.url))
+
+
+def test_a_feeds_memory_of_what_it_sent_stays_bounded_through_a_long_lecture():
+    """A dashboard open for hours: the feed's record of events and results sent keeps the recent
+    ones (copies come within seconds of their originals), never the whole class."""
+    from streamserver.api.app import Seen
+    from streamserver.events import TranscriptEvent, Utterance
+
+    seen = Seen()
+    joined = [StudentEvent("hall", f"s{i}", f"Student {i}", "student_joined").to_json() for i in range(3 * Seen.EVENTS_KEPT)]
+    assert all(seen.first(e) for e in joined)
+    assert not seen.first(joined[-1])  # a recent copy: suppressed
+    assert len(seen._events) == Seen.EVENTS_KEPT and len(seen._results) == 0
+    import numpy as np
+
+    u = Utterance("utt-1", "hall", "s1", "Ann", "en", np.zeros(160, np.float32), 1.0, 2.0)
+    result = TranscriptEvent.of(u, "is the exam open book", "en")
+    assert seen.first(result.to_json())
+    again = TranscriptEvent.of(u, "is the exam open book?", "en")  # the same utterance, another way
+    assert not seen.first(again.to_json())

@@ -341,11 +341,17 @@ async def _collect(events: AsyncIterator[str], live: asyncio.Queue[str | None]) 
 
 class Seen:
     """What a feed has sent: an event once, and an utterance's result once, whichever way it
-    came (the bus, its history, or this gateway's fallback: bus/local.py)."""
+    came (the bus, its history, or this gateway's fallback: bus/local.py). Both memories are
+    bounded, so that a feed open through a lecture of hours keeps the recent ones only: a copy
+    comes within seconds of its original (the history replayed as the feed opens, a fallback's
+    result reaching the central history after an outage)."""
+
+    EVENTS_KEPT = 20_000  # the history replayed at the start is at most 500 of them
+    RESULTS_KEPT = 200_000  # utterance ids
 
     def __init__(self) -> None:
-        self._events: set[str] = set()
-        self._results: set[str] = set()
+        self._events: dict[str, None] = {}
+        self._results: dict[str, None] = {}
 
     def first(self, event: str) -> bool:
         # Every event of the room passes here: its type costs a look at its first characters
@@ -355,13 +361,19 @@ class Seen:
             return json.loads(event).get("utterance_id") not in self._results  # none after its final
         if event in self._events:
             return False
-        self._events.add(event)
+        _remember(self._events, event, self.EVENTS_KEPT)
         if kind in RESULT_TYPES:
             utterance_id = json.loads(event).get("utterance_id")
             if utterance_id in self._results:
                 return False
-            self._results.add(utterance_id)
+            _remember(self._results, utterance_id, self.RESULTS_KEPT)
         return True
+
+
+def _remember(kept: dict[str, None], key: str, most: int) -> None:
+    kept[key] = None
+    if len(kept) > most:
+        del kept[next(iter(kept))]  # the oldest: a dict keeps insertion order
 
 
 BUS_PING_S = 2.0
