@@ -146,7 +146,6 @@ async def create_room(request: web.Request) -> web.Response:
             "room_id": room.room_id,
             "name": room.name,
             "language": room.language,
-            "max_students": room.max_students,
             **tokens.room_links(settings.secret, room.room_id, base, settings.token_ttl_s, AddressLimits(**limits)),
         },
         status=201,
