@@ -4,6 +4,11 @@
 'use strict';
 
 const NEAR_BOTTOM_PX = 48; // "at the bottom" tolerance for auto-scroll
+// A lecture of thousands: the feed keeps its newest rows in the page (the whole class's
+// transcript is the export), and the student list shows who is speaking, or who matches the
+// search, once the room is this large; the counts say the rest.
+const FEED_ROWS_KEPT = 400;
+const LARGE_ROOM = 200;
 const MAX_CLEARED_STORED = 2000; // cleared queue ids kept in sessionStorage (newest kept)
 
 // What the teacher reads for each intent label; an unknown label is shown as it is.
@@ -50,6 +55,10 @@ const partials = new Map();    // utterance_id -> its live caption's element, un
 const captionsEnded = new Set(); // utterance_ids the queue refused: a caption of theirs still in flight is not shown
 const PARTIAL_GONE_MS = 15000; // a caption not updated or finalised this long is dropped (its speech was given up)
 const students = new Map();    // student_id -> <li>
+const byName = [];             // the <li>s in alphabetical order (binary search: joins of a lecture)
+let online = 0;                // students present, kept as they come and go (never recounted)
+let speakingNow = 0;
+let search = '';               // the student search, lower case
 const counts = new Map();      // intent label (or UNSURE) -> number of transcripts
 const queued = new Map();      // utterance_id -> <li> in the queue
 
@@ -75,6 +84,20 @@ function el(tag, className, text) {
 
 // --- students ----------------------------------------------------------------------------
 
+const byNameOrder = new Intl.Collator();
+
+// Where a name goes in byName: after every name that sorts before or equal to it.
+function placeOf(name) {
+  let low = 0;
+  let high = byName.length;
+  while (low < high) {
+    const mid = (low + high) >> 1;
+    if (byNameOrder.compare(byName[mid].dataset.studentName, name) <= 0) low = mid + 1;
+    else high = mid;
+  }
+  return low;
+}
+
 function upsertStudent(id, name) {
   let li = students.get(id);
   name = name || li?.dataset.studentName || id;
@@ -83,32 +106,49 @@ function upsertStudent(id, name) {
     li.dataset.studentId = id;
     li.append(el('span', 'dot'), el('span', 'student-name'), el('span', 'student-state'));
     students.set(id, li);
+    if (students.size === LARGE_ROOM + 1) applySearch(); // a lecture now: the list shows who speaks
   }
   if (li.dataset.studentName !== name) {
+    if (li.dataset.studentName !== undefined) byName.splice(byName.indexOf(li), 1); // renamed: moves
     li.dataset.studentName = name;
     li.querySelector('.student-name').textContent = name;
-    li.remove(); // re-inserted below at its alphabetical place
-  }
-  if (!li.isConnected) {
-    const next = [...studentList.children].find((other) =>
-      other.dataset.studentName.localeCompare(li.dataset.studentName) > 0);
-    studentList.insertBefore(li, next || null);
+    const at = placeOf(name);
+    byName.splice(at, 0, li);
+    studentList.insertBefore(li, byName[at + 1] ?? null);
+    showOrHide(li);
   }
   return li;
+}
+
+// A large room lists who is speaking (and who matches the search); a small one lists everyone.
+function showOrHide(li) {
+  const named = search ? li.dataset.studentName.toLowerCase().includes(search) : true;
+  li.hidden = !(named && (search || students.size <= LARGE_ROOM || li.classList.contains('speaking')));
+}
+
+function applySearch() {
+  search = $('student-search').value.trim().toLowerCase();
+  for (const li of byName) showOrHide(li);
 }
 
 // present: in the room; speaking: voice detected right now. The state text is for screen readers
 // and for anyone who cannot tell the indicator colours apart.
 function setStudentState(li, { present, speaking }) {
+  const wasPresent = li.dataset.present === '1';
+  const wasSpeaking = li.classList.contains('speaking');
+  speaking = present && speaking;
+  li.dataset.present = present ? '1' : '0';
+  online += (present ? 1 : 0) - (wasPresent ? 1 : 0);
+  speakingNow += (speaking ? 1 : 0) - (wasSpeaking ? 1 : 0);
   li.classList.toggle('left', !present);
-  li.classList.toggle('speaking', present && speaking);
+  li.classList.toggle('speaking', speaking);
   li.querySelector('.student-state').textContent = !present ? 'left' : speaking ? 'speaking' : '';
+  if (students.size > LARGE_ROOM) showOrHide(li);
   updateCount();
 }
 
 function updateCount() {
-  const online = [...students.values()].filter((li) => !li.classList.contains('left')).length;
-  studentCount.textContent = `${online} online`;
+  studentCount.textContent = students.size > LARGE_ROOM ? `${online} online · ${speakingNow} speaking` : `${online} online`;
 }
 
 // The roster is the truth after a (re)connect: anyone not in it has left meanwhile.
@@ -367,8 +407,22 @@ function addTranscripts(events) {
     if (followQueue) queue.scrollTop = queue.scrollHeight;
   }
   if (!added) return;
-  if (follow) scrollToBottom();
-  else jumpButton.hidden = false;
+  if (follow) {
+    trimFeed();
+    scrollToBottom();
+  } else {
+    jumpButton.hidden = false;
+  }
+}
+
+// The oldest rows leave the page once the feed holds FEED_ROWS_KEPT (never a live caption, and
+// never while the teacher reads further up: they go when the feed follows again).
+function trimFeed() {
+  for (let extra = feed.children.length - FEED_ROWS_KEPT; extra > 0; extra--) {
+    const oldest = feed.firstElementChild;
+    if (!oldest || oldest.classList.contains('partial')) break;
+    oldest.remove();
+  }
 }
 
 jumpButton.addEventListener('click', scrollToBottom);
@@ -506,3 +560,5 @@ if (room && token) {
 } else {
   setFeedStatus('offline: the link needs #room=…&token=…', 'error');
 }
+
+$('student-search').addEventListener('input', applySearch);
