@@ -188,4 +188,8 @@ class Classroom:
         """A student's pipeline: paced, VAD with this server's settings, to the sink."""
         return StudentAudio(room.room_id, student_id, name, room.language, self.sink,
                             lambda speaking: self.spawn(self._event(room, student_id, "speaking_started" if speaking else "speaking_stopped")),
-                            self.segmenter_config, pacer or Pacer(self.settings.max_audio_rate, on_refused=self.metrics.paced_refusals.inc))
+                            self.segmenter_config, pacer or self.pacer())
+
+    def pacer(self) -> Pacer:
+        """A stream's pace limit (audio/pacing.py) at this server's rate; its refusals counted."""
+        return Pacer(self.settings.max_audio_rate, on_refused=self.metrics.paced_refusals.inc)

@@ -4,7 +4,6 @@ channel (transport/recovery.py) and where its queued utterances lie (rooms/parki
 
 from __future__ import annotations
 
-from streamserver.audio.pacing import Pacer
 from streamserver.classroom import Classroom
 from streamserver.rooms.admission import AddressLimits
 from streamserver.rooms.connections import Connection
@@ -20,7 +19,7 @@ async def connect_student(classroom: Classroom, room: Room, student_id: str, nam
     OfferError, and as Classroom.open_stream."""
     catch_up = bool(keeps and keeps.get("catch_up"))
     audio, new = await classroom.join(room, student_id, name, address, limits, catch_up, resumed)
-    settings, metrics = classroom.settings, classroom.metrics
+    settings = classroom.settings
     try:
         if keeps is not None:
             audio.keep(catch_up, clock=str(keeps.get("clock") or ""))
@@ -32,8 +31,7 @@ async def connect_student(classroom: Classroom, room: Room, student_id: str, nam
             if channel.label != recovery.LABEL or not audio.kept or connection is None or connection.audio is not audio:
                 channel.close()
                 return
-            pacer = lambda: Pacer(settings.max_audio_rate, on_refused=metrics.paced_refusals.inc)  # noqa: E731 - a catch-up's own
-            connection.tell = recovery.teller(recovery.attach(channel, audio, pacer))
+            connection.tell = recovery.teller(recovery.attach(channel, audio, classroom.pacer))  # a catch-up's own pace
 
         pc, answer_sdp = await webrtc.answer(offer_sdp, settings.ice_servers, audio, lambda: classroom.close_stream(room, student_id, audio),
                                              classroom.candidates, on_channel, lambda: audio.utterance_open)

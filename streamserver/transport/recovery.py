@@ -26,7 +26,6 @@ live audio it runs beside.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Awaitable, Callable
@@ -35,6 +34,7 @@ import numpy as np
 
 from streamserver.audio.pacing import Pacer, TooFast
 from streamserver.audio.pipeline import StudentAudio
+from streamserver.transport.webrtc import close_soon
 from streamserver.transport.ws_ingest import CLOSE_REPLACED, CLOSE_ROOM_CLOSED
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,6 @@ ACK_EVERY_S = 0.5
 MAX_BINARY_BYTES = 64 * 1024  # 2 s of PCM16
 MAX_TEXT_CHARS = 256
 PEER_TOLD_S = 0.5  # a page's "ended" message has this long to get out before its peer closes
-_closing: set[asyncio.Task] = set()  # peers closing in the background (a task needs a reference)
 
 
 class ChannelError(ValueError):
@@ -147,14 +146,4 @@ async def end_peer(pc, tell: Callable[[dict], Awaitable[bool | None]] | None, re
     if not told:  # no channel open (a page without one, or not yet): it just closes
         await pc.close()
         return
-
-    async def close_later() -> None:
-        await asyncio.sleep(PEER_TOLD_S)
-        try:
-            await pc.close()
-        except Exception:  # noqa: BLE001 - the peer is going anyway; never the room
-            log.exception("closing a told peer failed")
-
-    task = asyncio.get_running_loop().create_task(close_later())
-    _closing.add(task)
-    task.add_done_callback(_closing.discard)
+    close_soon(pc, PEER_TOLD_S)

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 for _noisy in ("aioice", "aiortc"):  # aioice logs every ICE check at INFO: lines per offer, per pair
     logging.getLogger(_noisy).setLevel(logging.WARNING)
 _default_host_addresses = aioice.ice.get_host_addresses
-_closing: set[asyncio.Task] = set()  # peers being closed for pacing (a task needs a reference until it is done)
+_closing: set[asyncio.Task] = set()  # peers closing in the background (a task needs a reference until it is done)
 
 
 class OfferError(ValueError):
@@ -54,6 +54,21 @@ def _opus_only() -> list:
     """aiortc's Opus capability: the one codec a student's audio may use (browsers send Opus; the
     receiver decodes nothing else)."""
     return [c for c in RTCRtpReceiver.getCapabilities("audio").codecs if c.mimeType.lower() == "audio/opus"]
+
+
+def close_soon(pc: RTCPeerConnection, after_s: float = 0.0) -> None:
+    """Close a peer in the background (after `after_s`); a failure is logged, never raised."""
+
+    async def close() -> None:
+        await asyncio.sleep(after_s)
+        try:
+            await pc.close()
+        except Exception:  # noqa: BLE001 - the peer is going anyway; never the room
+            log.exception("closing a WebRTC peer failed")
+
+    task = asyncio.get_running_loop().create_task(close())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
 
 
 async def answer(
@@ -95,9 +110,7 @@ async def answer(
         if isinstance(error, TooFast):  # a peer sending faster than anyone speaks is cut off
             log.warning("closing a WebRTC peer: %s", error)
             receiver._enabled = False  # aiortc's own switch: later packets are dropped
-            closing = asyncio.get_running_loop().create_task(pc.close())  # not awaited here: this runs in its transport
-            _closing.add(closing)
-            closing.add_done_callback(_closing.discard)
+            close_soon(pc)  # not awaited here: this runs in its transport
         else:  # a bad packet costs that packet, never the room
             log.error("dropping audio that could not be processed", exc_info=error)
 
