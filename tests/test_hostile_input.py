@@ -189,6 +189,11 @@ def test_links_carry_the_token_in_the_fragment_and_the_pages_open(live, room):
         assert status == 200 and "token" not in urlsplit(url).query
 
 
+# Zero-width, format and blank characters (issue 33's probe used U+200B, U+2060, U+3164, U+2800 and U+FEFF).
+INVISIBLE = ("\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u3164", "\u2800", "\u115f", "\u1160", "\uffa0",
+             "\u180e", "\u2061", "\u00ad", "\u034f", "\ufe0f", "\U000e0041")
+
+
 def test_student_names_lose_control_and_bidi_characters(live, room):
     teacher = token_of(room["teacher_url"])
 
@@ -224,6 +229,16 @@ def test_student_names_lose_control_and_bidi_characters(live, room):
 
     status, answer = live.run(offer("\u202e\u2067"))
     assert status == 400 and "student_name" in answer["error"]
+
+    # Issue 33: zero-width and other invisible characters go too, and a name needs a visible one.
+    for invisible in ("".join(INVISIBLE), "\u200b\u2060\u3164\u2800\ufeff", "\u3000\u00a0\u200b", "\u3164", "\u0301"):
+        assert live.run(join(invisible))[0] == 400, ascii(invisible)
+    assert live.run(join("A\u200bn\u2060n\ufeff\u3164")) == (101, "Ann")
+    assert live.run(join("\u2800Bo\u200d")) == (101, "Bo")
+    assert live.run(join("Zo\u00eb \u674e")) == (101, "Zo\u00eb \u674e")  # visible letters of any script stay
+    status, answer = live.run(offer("\u200b\u3164"))
+    assert status == 400 and "visible" in answer["error"]
+
 
 
 def test_aioice_and_aiortc_log_at_warning():

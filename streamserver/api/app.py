@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator
 from aiohttp import WSMsgType, web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from streamserver.api.feed_socket import feed_socket
 from streamserver.asr.worker import AsrWorker
 from streamserver.audio.timeline import CLOCK_NAME
 from streamserver.bus.redis import BusError
@@ -28,7 +29,7 @@ from streamserver.events import (RESULT_TYPES, History, RoomClosedEvent, Roster,
 from streamserver.metrics import CONTENT_TYPE, Metrics
 from streamserver.queue.base import UNREACHABLE
 from streamserver.queue.sink import Busy
-from streamserver.rooms import tokens, transcript
+from streamserver.rooms import names, tokens, transcript
 from streamserver.rooms.admission import AddressLimits, TooManyFromAddress
 from streamserver.rooms.directory import RoomClosed
 from streamserver.rooms.identity import identify
@@ -152,20 +153,12 @@ async def create_room(request: web.Request) -> web.Response:
     )
 
 
-# Removed from a student's name before any check: control characters (C0, DEL, C1), the bidi
-# marks, embeddings, overrides and isolates that could reorder the dashboard's text, and lone
-# surrogates (from JSON "\ud800" escapes; no encoder takes them).
-_NAME_STRIPPED = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-
-
 def _student_name(name: object, name_field: str) -> str:
-    """The student's display name, cleaned."""
-    if isinstance(name, str):
-        name = _NAME_STRIPPED.sub("", name).strip()
-    if not isinstance(name, str) or not name or len(name) > 80:
-        message = f"{name_field} must be a non-empty string of at most 80 characters (control and bidi characters do not count)"
-        raise web.HTTPBadRequest(text=json.dumps({"error": message}), content_type="application/json")
-    return name.strip()
+    """The student's display name, cleaned (rooms/names.py)."""
+    try:
+        return names.clean(name, name_field)
+    except names.BadName as error:
+        raise web.HTTPBadRequest(text=json.dumps({"error": str(error)}), content_type="application/json") from None
 
 
 async def offer(request: web.Request) -> web.Response:
@@ -281,7 +274,7 @@ async def feed(request: web.Request) -> web.StreamResponse:
     if (denied := _check_token(request, room.room_id, request.query.get("token"), "teacher")) is not None:
         return denied
     classroom = request.app[CLASSROOM]
-    ws = web.WebSocketResponse(heartbeat=20)
+    ws = feed_socket()
     await ws.prepare(request)
     feeds = classroom.upkeep.feeds
     feeds[room.room_id] = feeds.get(room.room_id, 0) + 1
