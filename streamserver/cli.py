@@ -97,7 +97,12 @@ def _warm_engine_and_intent(model: str, backend: str, threads: int):  # noqa: AN
     except (WeightsError, BackendUnavailable, ValueError) as error:
         _progress(f"error: {error}")
         return None
-    intent.classify(["warm up"])
+    # On a GPU each new batch shape loads its kernels at first use (CUDA loads them lazily), a
+    # fresh machine's from files not yet in its page cache: paid here, not by the first class.
+    sizes = (1, 2, 4, 8, 16, 32, 64) if engine.batch_rows_cheap else (1,)
+    for size in sizes:
+        for words in (3, 12, 40):
+            intent.classify([" ".join(["question"] * words)] * size)
     return engine, intent
 
 
@@ -182,6 +187,12 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
                         "no loopback or link-local)")
     p.add_argument("--max-students", type=int, default=Settings.max_students,
                    help="per room, the whole room across gateways (seat leases; default %(default)s)")
+    p.add_argument("--idle-seat", type=float, default=Settings.idle_seat_s, metavar="S",
+                   help="end a student's stream that brings no audio this long, and free its seat (0: never; "
+                        "default %(default)s)")
+    p.add_argument("--offers-per-minute", type=int, default=Settings.offers_per_minute, metavar="N",
+                   help="WebRTC offers a minute from one client address, and with one link (0: no limit; default "
+                        "%(default)s)")
     p.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")
     p.add_argument("--link-ttl", type=float, default=Settings.token_ttl_s, metavar="S",
                    help="lifetime of the room links handed out (default %(default)s)")
@@ -272,7 +283,8 @@ def _settings(args: argparse.Namespace, **extra: object) -> Settings:
         max_queue_wait_s=args.max_queue_wait, queue_bounds=Bounds(total, room, student), max_audio_rate=args.max_audio_rate,
         token_ttl_s=int(args.link_ttl), room_idle_ttl_s=args.room_idle_expiry, redis_ca=args.redis_ca,
         transcript_retention_s=int(args.transcript_retention_days * DAY_S), partials=args.partials,
-        partial_interval_ms=args.partial_interval_ms, expected_speaking=args.expected_speaking, **extra,
+        partial_interval_ms=args.partial_interval_ms, expected_speaking=args.expected_speaking,
+        idle_seat_s=args.idle_seat, offers_per_minute=args.offers_per_minute, **extra,
     )
 
 

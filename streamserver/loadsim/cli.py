@@ -47,7 +47,7 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="the rooms' language (the clips are English)")
     p.add_argument("--frame-ms", type=int, choices=(10, 20, 40, 60, 100), default=LoadConfig.frame_ms, help="WebSocket frame length")
     p.add_argument("--processes", type=int, default=LoadConfig.processes, metavar="P",
-                   help="spread the students over P processes (one sends ~1,500 streams of 20 ms frames at most)")
+                   help="spread the students over P processes (each process is one event loop: one core)")
     p.add_argument("--seed", type=int, default=LoadConfig.seed, help="turn-taking and clip choice")
     p.add_argument("--no-keep-audio", dest="keep_audio", action="store_false", default=LoadConfig.keep_audio,
                    help="WebSocket students keep nothing: a broken stream ends the student (default: like the student page, "

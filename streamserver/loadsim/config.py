@@ -19,7 +19,10 @@ class LoadConfig:
     webrtc_client: str = "packets"  # students.WEBRTC_CLIENTS: pre-encoded Opus packets, or aiortc's MediaPlayer (encodes)
     rooms: int = 1
     language: str = "en"
-    frame_ms: int = 20
+    # WebSocket message length: the gateway's and the client's cost goes per message, not per
+    # second of audio (a third at 100 ms against 20 ms: benchmarks/README.md, "WebSocket cost per
+    # student"); the VAD's end of speech waits at most one message longer.
+    frame_ms: int = 100
     seed: int = 0
     drain_s: float = 30.0  # the longest wait for transcripts still due at the end
     processes: int = 1  # students spread over this many child processes (child.py); 1: in this one

@@ -10,7 +10,7 @@ live audio (transport/ws_ingest.py).
 Silence is sent as digital zeros, like a muted or quiet microphone, so the server's VAD sees a
 continuous stream and ends each utterance after its own hangover, as it would for a browser.
 One Pacer drives every student of the process from a single clock: a timer per frame for all
-of them, not one per student (at 20 ms frames, thousands of students would otherwise cost more
+of them, not one per student (at short frames, thousands of students would otherwise cost more
 in wake-ups than in sending).
 """
 
