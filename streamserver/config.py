@@ -63,6 +63,8 @@ class Settings:
     max_students: int = 500  # per room, across every gateway (seats are leases on the bus)
     seat_lease_s: float = 30.0  # renewed every third of it; a dead gateway's seats free themselves within it
     leave_grace_s: float = 5.0  # a student reconnecting within it keeps the seat with no left/joined pair
+    idle_seat_s: float = 60.0  # a stream that brings no audio this long is ended and its seat freed (rooms/idle.py); 0: never
+    offers_per_minute: int = 300  # WebRTC offers a minute per client address and per link (rooms/offers.py); 0: no limit
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KB
     max_batch: int = 16
     max_audio_rate: float = RATE  # x real time a student's stream may send (audio/pacing.py); more closes it

@@ -4,18 +4,24 @@ channel (transport/recovery.py) and where its queued utterances lie (rooms/parki
 
 from __future__ import annotations
 
+from typing import Callable
+
+from streamserver.audio.pipeline import StudentAudio
 from streamserver.classroom import Classroom
 from streamserver.rooms.admission import AddressLimits
 from streamserver.rooms.connections import Connection
 from streamserver.rooms.registry import Room
+from streamserver.stages import PcmTaker
 from streamserver.transport import recovery, webrtc
 
 
 async def connect_student(classroom: Classroom, room: Room, student_id: str, name: str, offer_sdp: str, address: str,
-                          limits: AddressLimits = AddressLimits(), keeps: dict | None = None, resumed: bool = False) -> str:
+                          limits: AddressLimits = AddressLimits(), keeps: dict | None = None, resumed: bool = False,
+                          watch: Callable[[StudentAudio], PcmTaker] = lambda audio: audio) -> str:
     """Answer a student's offer: the answer. A reconnect replaces the old peer and keeps the
     identity. `keeps`: the page keeps its audio ({"catch_up": bool, "clock": name}: it will send
-    what was not acknowledged); `resumed`: it proved its identity (rooms/identity.py). Raises
+    what was not acknowledged); `resumed`: it proved its identity (rooms/identity.py); `watch`:
+    what the peer's audio passes through on its way to the pipeline (rooms/idle.py). Raises
     OfferError, and as Classroom.open_stream."""
     catch_up = bool(keeps and keeps.get("catch_up"))
     audio, new = await classroom.join(room, student_id, name, address, limits, catch_up, resumed)
@@ -33,7 +39,7 @@ async def connect_student(classroom: Classroom, room: Room, student_id: str, nam
                 return
             connection.tell = recovery.teller(recovery.attach(channel, audio, classroom.pacer))  # a catch-up's own pace
 
-        pc, answer_sdp = await webrtc.answer(offer_sdp, settings.ice_servers, audio, lambda: classroom.close_stream(room, student_id, audio),
+        pc, answer_sdp = await webrtc.answer(offer_sdp, settings.ice_servers, watch(audio), lambda: classroom.close_stream(room, student_id, audio),
                                              classroom.candidates, on_channel, lambda: audio.utterance_open)
     except BaseException:
         await classroom.not_joined(room, student_id, new)

@@ -53,7 +53,7 @@ SOURCES: dict[tuple[str, str], tuple[Any, str]] = {
         ("host", "host"), ("port", "port"), ("max_students", "max_students"), ("link_ttl", "token_ttl_s"),
         ("room_idle_expiry", "room_idle_ttl_s"), ("max_queue_wait", "max_queue_wait_s"),
         ("expected_speaking", "expected_speaking"), ("max_audio_rate", "max_audio_rate"),
-        ("partial_interval_ms", "partial_interval_ms"))},
+        ("partial_interval_ms", "partial_interval_ms"), ("idle_seat", "idle_seat_s"), ("offers_per_minute", "offers_per_minute"))},
     **{(c, "vad_hangover_ms"): (SegmenterConfig, "hangover_ms") for c in SERVER},
     **{(c, "partials"): (Settings, "partials") for c in (*SERVER, "worker")},
     **{(c, "metrics_host"): (cli, "METRICS_HOST") for c in (*SERVER, "worker")},

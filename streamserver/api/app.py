@@ -29,7 +29,10 @@ from streamserver.events import (RESULT_TYPES, History, RoomClosedEvent, Roster,
 from streamserver.metrics import CONTENT_TYPE, Metrics
 from streamserver.queue.base import UNREACHABLE
 from streamserver.queue.sink import Busy
-from streamserver.rooms import names, tokens, transcript
+from streamserver.rooms import links, names, tokens, transcript
+from streamserver.rooms.identity import Identity, bound
+from streamserver.rooms.idle import IdleStreams
+from streamserver.rooms.offers import OfferLimits, TooManyOffers
 from streamserver.rooms.admission import AddressLimits, TooManyFromAddress
 from streamserver.rooms.directory import RoomClosed
 from streamserver.rooms.identity import identify
@@ -44,6 +47,11 @@ WEB_DEMO = Path(__file__).resolve().parents[1] / "web_demo"  # package data
 CLASSROOM = web.AppKey("classroom", Classroom)
 # The in-process ASR worker of `serve` (absent on a gateway): /healthz reports on it.
 WORKER = web.AppKey("worker", AsrWorker)
+# What bounds one client (issue 33): its joins one at a time per student, idle streams ended,
+# offers counted (rooms/links.py, rooms/idle.py, rooms/offers.py).
+JOINS = web.AppKey("joins", links.JoinOrder)
+IDLE = web.AppKey("idle", IdleStreams)
+OFFERS = web.AppKey("offers", OfferLimits)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -138,19 +146,47 @@ async def create_room(request: web.Request) -> web.Response:
         return _error(400, f"max_students must be a whole number from 1 to {ROOM_SIZE_MAX} (or absent: the server's "
                            f"{settings.max_students})")
     try:
+        students = links.requested(body)
+    except links.LinkRequestError as error:
+        return _error(400, str(error))
+    try:
         room = await classroom.directory.create(name.strip(), language, size)
     except BusError as error:
         return _error(503, f"room not created: {error}")
     base = settings.public_url or f"{request.scheme}://{request.host}"
-    return web.json_response(
-        {
-            "room_id": room.room_id,
-            "name": room.name,
-            "language": room.language,
-            **tokens.room_links(settings.secret, room.room_id, base, settings.token_ttl_s, AddressLimits(**limits)),
-        },
-        status=201,
-    )
+    answer = {"room_id": room.room_id, "name": room.name, "language": room.language,
+              **tokens.room_links(settings.secret, room.room_id, base, settings.token_ttl_s, AddressLimits(**limits))}
+    if students is not None:  # per-student links, and no shared one
+        del answer["student_url"]
+        answer["student_links"] = links.mint(settings.secret, room.room_id, base, settings.token_ttl_s, students)
+    return web.json_response(answer, status=201)
+
+
+async def student_links(request: web.Request) -> web.Response:
+    """POST /api/rooms/<id>/student_links, by an admin: more per-student links for a room
+    (rooms/links.py), {"student_links": N} or {"students": [{"id", "name"}]}."""
+    if not _is_admin(request):
+        return _error(401, "admin token required (Authorization: Bearer <token>)")
+    room = await _room(request)
+    try:
+        students = links.requested(await _json_body(request))
+    except links.LinkRequestError as error:
+        return _error(400, str(error))
+    if students is None:
+        return _error(400, "ask for student_links (a number) or students (a list of {\"id\", \"name\"})")
+    settings = request.app[CLASSROOM].settings
+    base = settings.public_url or f"{request.scheme}://{request.host}"
+    return web.json_response({"room_id": room.room_id, "student_links": links.mint(
+        settings.secret, room.room_id, base, settings.token_ttl_s, students)}, status=201)
+
+
+def _who(request: web.Request, room: Room, claim: tokens.Claim, query: Any, name: object, name_field: str) -> tuple[Identity, str]:
+    """The joining student and its name: a per-student link's own (its name, when the link has one),
+    else the identity the client proves or a new one (rooms/identity.py) and the name it gives."""
+    secret = request.app[CLASSROOM].settings.secret
+    if claim.student_id is not None:
+        return bound(secret, room.room_id, claim.student_id), _student_name(claim.name or name, name_field)
+    return identify(secret, room.room_id, query.get("student_id"), query.get("resume")), _student_name(name, name_field)
 
 
 def _student_name(name: object, name_field: str) -> str:
@@ -168,18 +204,25 @@ async def offer(request: web.Request) -> web.Response:
         claim = tokens.verify(request.app[CLASSROOM].settings.secret, body.get("token"), room.room_id, "student")
     except tokens.TokenError as error:
         return _error(error.status, str(error))
-    sdp, name = body.get("sdp"), body.get("student_name", "")
+    sdp = body.get("sdp")
     if not isinstance(sdp, str) or body.get("type", "offer") != "offer":
         return _error(400, "expected {'sdp': <offer>, 'type': 'offer'}")
-    name = _student_name(name, "student_name")
+    student, name = _who(request, room, claim, body, body.get("student_name", ""), "student_name")
+    try:  # a shared link is counted as one, a per-student link as its student
+        request.app[OFFERS].check(request.remote or "", claim.student_id or str(body.get("token")))
+    except TooManyOffers as error:
+        response = _error(429, str(error))
+        response.headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+        return response
     keeps = body.get("recovery")  # the page keeps its audio (transport/recovery.py)
     if keeps is not None and not (isinstance(keeps, dict) and isinstance(keeps.get("catch_up", False), bool)
                                   and CLOCK_NAME.fullmatch(str(keeps.get("clock", "")))):
         return _error(400, "recovery must be {'catch_up': true|false, 'clock': up to 64 letters, digits, - or _}")
-    student = identify(request.app[CLASSROOM].settings.secret, room.room_id, body.get("student_id"), body.get("resume"))
     try:
-        answer = await webrtc_join.connect_student(request.app[CLASSROOM], room, student.student_id, name, sdp, request.remote or "",
-                                                              claim.limits, keeps, student.resumed)
+        async with request.app[JOINS].of(room.room_id, student.student_id):
+            answer = await webrtc_join.connect_student(request.app[CLASSROOM], room, student.student_id, name, sdp,
+                                                       request.remote or "", claim.limits, keeps, student.resumed,
+                                                       request.app[IDLE].watch)
     except (RoomFull, TooManyFromAddress) as error:
         return _error(429, str(error))
     except Busy as error:
@@ -202,17 +245,17 @@ async def ingest(request: web.Request) -> web.StreamResponse:
     except tokens.TokenError as error:
         return _error(error.status, str(error))
     room = await _find_room(classroom, claim.room_id)
-    name = _student_name(request.query.get("name"), "name")
+    student, name = _who(request, room, claim, request.query, request.query.get("name"), "name")
     ws = ws_ingest.new_socket()
     if not ws.can_prepare(request).ok:  # checked before a seat is taken or anyone is told
         return _error(400, "this route takes a WebSocket upgrade")
-    student = identify(classroom.settings.secret, room.room_id, request.query.get("student_id"), request.query.get("resume"))
     student_id = student.student_id
     catch_up = request.query.get("catch_up") == "1"  # a client that keeps its audio sends it again
     end = ws_ingest.Ender(ws)
     try:
-        audio = await classroom.open_stream(room, student_id, name, request.remote or "", end, claim.limits,
-                                            ws.send_json, catch_up, student.resumed)
+        async with request.app[JOINS].of(room.room_id, student_id):
+            audio = await classroom.open_stream(room, student_id, name, request.remote or "", end, claim.limits,
+                                                ws.send_json, catch_up, student.resumed)
     except (RoomFull, TooManyFromAddress) as error:
         return _error(429, str(error))
     except Busy as error:
@@ -227,7 +270,7 @@ async def ingest(request: web.Request) -> web.StreamResponse:
                 log.info("student %s sends %.1f s of its audio again", student_id, times["live_from"] - times["start"])
                 audio.already_sent(await classroom.parking.sent_before(room.room_id, student_id, times["clock"]))
 
-        return await ws_ingest.serve(request, ws, identity, audio,
+        return await ws_ingest.serve(request, ws, identity, request.app[IDLE].watch(audio),
                                      lambda: classroom.is_current(room, student_id, audio), keep, end)
     finally:
         audio.said_bye = ws_ingest.said_goodbye(ws)
@@ -538,7 +581,11 @@ def create_app(classroom: Classroom, worker: AsrWorker | None = None) -> web.App
     app[CLASSROOM] = classroom
     if worker is not None:
         app[WORKER] = worker
+    app[JOINS] = links.JoinOrder()
+    app[IDLE] = IdleStreams(classroom.connections, classroom.settings.idle_seat_s)
+    app[OFFERS] = OfferLimits(classroom.settings.offers_per_minute)
     app.router.add_post("/api/rooms", create_room)
+    app.router.add_post("/api/rooms/{room_id}/student_links", student_links)
     app.router.add_delete("/api/rooms/{room_id}", close_room)
     app.router.add_post("/api/rooms/{room_id}/offer", offer)
     app.router.add_get("/api/rooms/{room_id}/feed", feed)
@@ -556,6 +603,7 @@ def create_app(classroom: Classroom, worker: AsrWorker | None = None) -> web.App
 
     async def on_startup(app: web.Application) -> None:
         await classroom.start()
+        classroom.spawn(app[IDLE].run())
 
     async def on_cleanup(app: web.Application) -> None:
         await classroom.stop()

@@ -36,3 +36,9 @@ def identify(secret: str, room_id: str, student_id: object, resume: object) -> I
             return Identity(student_id, expected, True)
     fresh = secrets.token_hex(8)
     return Identity(fresh, _resume_secret(secret, room_id, fresh), False)
+
+
+def bound(secret: str, room_id: str, student_id: str) -> Identity:
+    """The identity of a per-student link's holder: the link names it, and holding the link proves
+    it (rooms/tokens.py)."""
+    return Identity(student_id, _resume_secret(secret, room_id, student_id), True)

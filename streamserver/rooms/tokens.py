@@ -1,7 +1,9 @@
 """Signed, expiring room tokens: HMAC-SHA256 over a small JSON claim.
 
 A token names one room and one role; the server never stores it. A student token never opens
-the teacher's feed and a token of one room never opens another.
+the teacher's feed and a token of one room never opens another. A per-student link's token also
+names its student (`sid`, and the name the platform knows, `nm`): whoever holds it is that student,
+so it seats one student whatever its holder does.
 
 Decoding is strict, so that one token has exactly one spelling: only ASCII `body.signature`
 in canonical unpadded base64url (anything else, a lone surrogate included, is a 401 and never
@@ -38,6 +40,8 @@ class Claim:
     role: str
     expires: float
     limits: AddressLimits = AddressLimits()  # what a student link allows one client address
+    student_id: str | None = None  # a per-student link's student; None: the room's shared link
+    name: str | None = None  # the student's name as the platform knows it (a per-student link)
 
 
 def _b64(data: bytes) -> str:
@@ -53,10 +57,15 @@ def _unb64(text: str) -> bytes:
     return data
 
 
-def issue(secret: str, room_id: str, role: str, ttl_s: float, limits: AddressLimits = AddressLimits()) -> str:
+def issue(secret: str, room_id: str, role: str, ttl_s: float, limits: AddressLimits = AddressLimits(),
+          student_id: str | None = None, name: str | None = None) -> str:
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}")
     claim: dict[str, object] = {"room": room_id, "role": role, "exp": int(time.time() + ttl_s)}
+    if student_id is not None:
+        claim["sid"] = student_id
+        if name is not None:
+            claim["nm"] = name
     if limits.seats_per_address is not None:
         claim["spa"] = limits.seats_per_address
     if limits.joins_per_minute is not None:
@@ -91,7 +100,10 @@ def _claim(secret: str, token: object) -> Claim:
     spa, jpm = data.get("spa"), data.get("jpm")
     if any(v is not None and (type(v) is not int or v < 1) for v in (spa, jpm)):
         raise TokenError("malformed token", 401)
-    return Claim(room, role, float(exp), AddressLimits(spa, jpm))
+    sid, nm = data.get("sid"), data.get("nm")
+    if any(v is not None and not isinstance(v, str) for v in (sid, nm)) or (sid is None and nm is not None):
+        raise TokenError("malformed token", 401)
+    return Claim(room, role, float(exp), AddressLimits(spa, jpm), sid, nm)
 
 
 def verify(secret: str, token: object, room_id: str | None, role: str) -> Claim:
