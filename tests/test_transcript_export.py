@@ -141,3 +141,70 @@ def test_a_memory_bus_keeps_a_class_transcript_for_its_retention_after_its_last_
 
     kept, gone, other = asyncio.run(scenario())
     assert kept == [final] and gone == [] and other == [final]
+
+
+def _seconds(clock: str) -> float:
+    """HH:MM:SS.mmm (webvtt-py's start_in_seconds drops the milliseconds)."""
+    hours, minutes, seconds = clock.split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+async def _two_students(url: str, clips: list[bytes]) -> tuple[dict, list[dict]]:
+    """Ann says the first clip, then Bo (whose name needs escaping in WebVTT) the second while
+    Ann says the third: the finals overlap in time and come from two speakers."""
+    async with aiohttp.ClientSession() as session:
+        room = await create_room(session, url, ADMIN_TOKEN, "Subtitled class", "en")
+        dashboard = await Dashboard().open(session, url, room)
+        async with await open_student(session, url, room, "Ann", "ann-0001") as ann, \
+                await open_student(session, url, room, "Bo <&> Li", "bo-0002") as bo:
+            await say(ann, clips[0])
+            await asyncio.gather(say(bo, clips[1]), say(ann, clips[2]))
+            deadline = time.monotonic() + 90
+            while len(dashboard.transcripts()) < len(clips) and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+        await dashboard.close()
+        return room, dashboard.transcripts()
+
+
+def test_a_recorded_class_exports_as_srt_and_webvtt_that_parse_with_every_final_once_in_order(librivox):
+    import html
+
+    import srt
+    import webvtt
+
+    clips = [pcm_of(librivox[1][1]), pcm_of(librivox[4][1]), pcm_of(librivox[2][1])]
+    with ServerProcess() as server:
+        room, shown = asyncio.run(_two_students(server.url, clips))
+        assert len(shown) == 3 and {t["student_name"] for t in shown} == {"Ann", "Bo <&> Li"}
+        spoken = sorted(shown, key=lambda t: (t["start_ts"], t["end_of_speech_ts"]))  # the order spoken
+        zero = spoken[0]["start_ts"]  # the default origin: the class's first speech
+        expected = [(t["start_ts"] - zero, t["end_of_speech_ts"] - zero, t["student_name"], t["text"]) for t in spoken]
+
+        status, kind, body = _export(server.url, room, "srt")
+        assert status == 200 and kind == "application/x-subrip"
+        cues = list(srt.parse(body))
+        assert len(cues) == len(expected)  # every final once
+        for cue, (start, end, name, text) in zip(cues, expected):
+            assert abs(cue.start.total_seconds() - start) <= 0.1 and abs(cue.end.total_seconds() - end) <= 0.1
+            assert cue.content == f"{name}: {text}"
+        assert [c.index for c in cues] == [1, 2, 3]
+
+        status, kind, body = _export(server.url, room, "vtt")
+        assert status == 200 and kind == "text/vtt"
+        captions = list(webvtt.from_buffer(io.StringIO(body)))
+        assert len(captions) == len(expected)
+        for caption, (start, end, name, text) in zip(captions, expected):
+            assert abs(_seconds(caption.start) - start) <= 0.1 and abs(_seconds(caption.end) - end) <= 0.1
+            assert html.unescape(caption.voice) == name and html.unescape(caption.text) == text  # named, escaped
+
+        # One student's subtitles, laid over a recording that began 10 s before the class's first speech.
+        token = token_of(room["teacher_url"])
+        bo_id = next(t["student_id"] for t in shown if t["student_name"] == "Bo <&> Li")  # the server issues ids
+        status, _, body = _get(f"{server.url}/api/rooms/{room['room_id']}/transcript?format=srt&student={bo_id}"
+                               f"&origin={zero - 10}&token={token}")
+        bo = [e for e in expected if e[2] == "Bo <&> Li"]
+        cues = list(srt.parse(body))
+        assert status == 200 and [c.content for c in cues] == [f"{name}: {text}" for _, _, name, text in bo]
+        assert abs(cues[0].start.total_seconds() - (bo[0][0] + 10)) <= 0.1
+        assert _get(f"{server.url}/api/rooms/{room['room_id']}/transcript?format=vtt&origin=nan&token={token}")[0] == 400
+        assert _export(server.url, room, "vtt", role="student")[0] == 403  # the teacher's, as every export

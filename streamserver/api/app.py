@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import re
 import secrets
 from pathlib import Path
@@ -40,7 +41,7 @@ from streamserver.transport.ws_ingest import CLOSE_ROOM_CLOSED
 from streamserver.rooms.registry import LANGUAGES, Room, RoomFull
 from streamserver.transport import ws_ingest
 from streamserver.transport.webrtc import OfferError
-from streamserver import webrtc_join
+from streamserver import subtitles, webrtc_join
 
 log = logging.getLogger(__name__)
 WEB_DEMO = Path(__file__).resolve().parents[1] / "web_demo"  # package data
@@ -279,7 +280,8 @@ async def ingest(request: web.Request) -> web.StreamResponse:
 
 async def class_transcript(request: web.Request) -> web.Response:
     """The whole class's final transcripts for its teacher (teacher token in `token` or as a
-    Bearer header) or an admin (Bearer): ?format=json (default), csv or txt, as a download. Also
+    Bearer header) or an admin (Bearer): ?format=json (default), csv, txt, or subtitles srt or vtt
+    (&origin=<the recording's start, Unix seconds>), as a download; &student=<id>: one student's. Also
     once the room is closed or forgotten: the transcript is kept for its own retention
     (--transcript-retention-days), and the class's end is when a teacher wants it most."""
     classroom = request.app[CLASSROOM]
@@ -296,8 +298,15 @@ async def class_transcript(request: web.Request) -> web.Response:
         if (denied := _check_token(request, room_id, token, "teacher")) is not None:
             return denied
     fmt = request.query.get("format", "json")
-    if fmt not in transcript.FORMATS:
-        return _error(400, f"format must be one of {', '.join(transcript.FORMATS)}")
+    kinds = {**transcript.FORMATS, **subtitles.FORMATS}
+    if fmt not in kinds:
+        return _error(400, f"format must be one of {', '.join(kinds)}")
+    try:  # subtitles: the recording's start, Unix seconds (subtitles.py)
+        origin = float(request.query["origin"]) if "origin" in request.query else None
+        if origin is not None and not math.isfinite(origin):
+            raise ValueError(origin)
+    except ValueError:
+        return _error(400, "origin must be a number: the recording's start in Unix seconds")
     try:
         events = await classroom.bus.transcript(room_id)
     except BusError as error:
@@ -305,9 +314,15 @@ async def class_transcript(request: web.Request) -> web.Response:
     if room is None and not events:
         return _error(404, "no such room, or no transcript of it is kept (none was spoken, or its retention has passed)")
     name = room.name if room is not None else room_id  # a closed room's name is gone with it
-    body = transcript.render({"room_id": room_id, "name": name}, transcript.finals(events), fmt)
+    finals = transcript.finals(events)
+    if student := request.query.get("student"):  # one student's words only
+        finals = [t for t in finals if t["student_id"] == student]
+    if fmt in subtitles.FORMATS:
+        body = subtitles.render(finals, fmt, origin)
+    else:
+        body = transcript.render({"room_id": room_id, "name": name}, finals, fmt)
     filename = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or room_id
-    return web.Response(text=body, content_type=transcript.FORMATS[fmt], charset="utf-8",
+    return web.Response(text=body, content_type=kinds[fmt], charset="utf-8",
                         headers={"Content-Disposition": f'attachment; filename="{filename}-transcript.{fmt}"'})
 
 

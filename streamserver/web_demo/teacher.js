@@ -31,8 +31,9 @@ const param = (key) => fragment.get(key) ?? query.get(key);
 const room = param('room');
 const token = param('token');
 
-// The whole class's final transcripts (not only what this page has shown), from the server.
-for (const format of ['txt', 'csv', 'json']) {
+// The whole class's final transcripts (not only what this page has shown), from the server; srt
+// and vtt are subtitles timed from the class's first speech.
+for (const format of ['txt', 'csv', 'json', 'srt', 'vtt']) {
   const link = document.getElementById(`export-${format}`);
   if (link) {
     link.href = `/api/rooms/${encodeURIComponent(room)}/transcript?format=${format}&token=${encodeURIComponent(token)}`;
