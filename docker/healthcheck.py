@@ -1,4 +1,8 @@
-"""The image's HEALTHCHECK: GET /healthz of the streamserver running in this container.
+"""The image's HEALTHCHECK: GET /livez of the streamserver running in this container.
+
+Liveness, not readiness: a gateway whose Redis is unreachable is alive and not ready (/readyz
+503); marked unhealthy for it, an orchestrator would restart it for an outage a restart cannot
+mend (streamserver/api/probes.py).
 
 Where it listens differs per service, so this reads the settings off the running process, as
 the command line does: a flag, else its STREAMSERVER_<OPTION> variable (streamserver/cli_env.py),
@@ -52,7 +56,7 @@ def option(args: list[str], environ: dict[str, str], name: str, default: str | N
     return value
 
 
-def healthz_url(command: str, args: list[str], environ: dict[str, str]) -> str | None:
+def probe_url(command: str, args: list[str], environ: dict[str, str]) -> str | None:
     if command == "worker":
         port = option(args, environ, "--metrics-port")
         if not port:
@@ -67,7 +71,7 @@ def healthz_url(command: str, args: list[str], environ: dict[str, str]) -> str |
         host = "127.0.0.1"
     if ":" in host:
         host = f"[{host}]"
-    return f"{scheme}://{host}:{port}/healthz"
+    return f"{scheme}://{host}:{port}/livez"
 
 
 def main() -> int:
@@ -75,7 +79,7 @@ def main() -> int:
     if found is None:
         print("no streamserver serve/gateway/worker process")
         return 1
-    url = healthz_url(*found)
+    url = probe_url(*found)
     if url is None:
         print("worker without --metrics-port: its process runs")
         return 0

@@ -21,6 +21,7 @@ from aiohttp import WSMsgType, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from streamserver.api.feed_socket import feed_socket
+from streamserver.api.probes import add_livez
 from streamserver.asr.worker import AsrWorker
 from streamserver.audio.timeline import CLOCK_NAME
 from streamserver.bus.redis import BusError
@@ -608,6 +609,7 @@ def create_app(classroom: Classroom, worker: AsrWorker | None = None) -> web.App
     app.router.add_get("/ws/ingest", ingest)
     app.router.add_get("/api/config", config)
     app.router.add_get("/healthz", healthz)
+    add_livez(app)  # answers without the bus: for liveness probes (api/probes.py)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/student", _page("student.html"))

@@ -1,5 +1,5 @@
 """`streamserver worker`: one engine serving every room's utterances from the Redis job queue,
-with /metrics, /healthz and /readyz on a small HTTP port for Prometheus and orchestrators."""
+with /metrics, /healthz, /livez and /readyz on a small HTTP port for Prometheus and orchestrators."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import logging
 from aiohttp import web
 
 from engines.engine import Engine
+from streamserver.api.probes import add_livez
 from streamserver.asr.worker import AsrWorker
 from streamserver.intent import IntentClassifier
 from streamserver.bus.connect import redacted
@@ -34,6 +35,7 @@ def metrics_app(worker: AsrWorker) -> web.Application:
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    add_livez(app)
     app.router.add_get("/readyz", readyz)
     return app
 
