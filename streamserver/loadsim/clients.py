@@ -10,7 +10,6 @@ import time
 import wave
 from pathlib import Path
 from typing import Callable
-from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import numpy as np
@@ -19,6 +18,8 @@ from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import MediaStreamTrack
 
 from engines.features import SAMPLE_RATE
+# The protocol's requests are the client's (streamserver/client.py); the simulator adds its load.
+from streamserver.client import admin_headers, feed_url, link_param, token_of  # noqa: F401 - link_param: re-exported
 from streamserver.loadsim.config import LoadConfig
 from streamserver.transport.dtx import asks_for_dtx
 from streamserver.transport.webrtc import use_host_addresses
@@ -46,10 +47,6 @@ def next_url(urls: list[str], url: str) -> str:
     return urls[(urls.index(url) + 1) % len(urls)] if url in urls else urls[0]
 
 
-def admin_headers(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
 def speech_file(path: Path, audio: np.ndarray, lead_s: float = 1.0, tail_s: float = 1.5) -> Path:
     """A 16 kHz wav with silence around the speech: audio before the connection is up is lost,
     and the tail lets the VAD's hangover close the utterance before the track ends."""
@@ -72,20 +69,6 @@ async def create_room(
     async with session.post(f"{url}/api/rooms", json=body, headers=admin_headers(admin_token)) as r:
         assert r.status == 201, await r.text()
         return await r.json()
-
-
-def link_param(link: str, key: str) -> str:
-    """A value a room link carries: in its fragment (`#room=…&token=…`), or in the query of a link
-    of an older server."""
-    parts = urlsplit(link)
-    for part in (parts.fragment, parts.query):
-        if values := parse_qs(part).get(key):
-            return values[0]
-    raise ValueError(f"the link {parts.path} carries no {key}")
-
-
-def token_of(link: str) -> str:
-    return link_param(link, "token")
 
 
 async def join_student(
@@ -156,8 +139,7 @@ class Dashboard:
         self._task: asyncio.Task | None = None
 
     async def open(self, session: aiohttp.ClientSession, url: str, room: dict) -> "Dashboard":
-        ws_url = url.replace("http", "ws") + f"/api/rooms/{room['room_id']}/feed?token={token_of(room['teacher_url'])}"
-        self.ws = await session.ws_connect(ws_url)
+        self.ws = await session.ws_connect(feed_url(url, room["room_id"], token_of(room["teacher_url"])))
         self._task = asyncio.create_task(self._read())
         return self
 

@@ -28,6 +28,7 @@ from typing import Callable
 
 import aiohttp
 
+from streamserver.client import CATCH_UP_RATE, ingest_params, ingest_url
 from streamserver.loadsim.clients import JoinRefused, next_url, token_of
 from streamserver.loadsim.scenario import RATE, Turn
 
@@ -37,7 +38,6 @@ HEARTBEAT_S = 2.0  # no ack this long from a server whose acks come on time: it 
 SLOW_ACKS = 3.0  # ... from one whose acks came late, this many times its longest recent gap
 SILENCE_S = 10.0  # ... and never longer than this
 KEEP_S = 60.0  # audio kept for sending again, as the page
-CATCH_UP_RATE = 1.4  # x real time; the server takes up to 1.5x
 CATCH_UP_PIECE = RATE // 10  # samples (100 ms) per message of a catch-up
 RECONNECT_FIRST_S = 0.5  # a break's first attempt comes within this (jittered)
 RECONNECT_MAX_S = 10.0  # the doubling wait between failed attempts stops growing here
@@ -127,14 +127,11 @@ class WsStudent:
 
     async def connect(self, timeout_s: float = 15.0, catch_up: bool = False) -> None:
         """Open the stream and wait for "ready"; JoinRefused for an HTTP refusal or an early error."""
-        params = {"token": token_of(self.room["student_url"]), "name": self.name}
-        if self.resume:  # a reconnect: the same student
-            params.update(student_id=self.student_id, resume=self.resume)
-        if catch_up:
-            params["catch_up"] = "1"
+        # a reconnect (resume given) is the same student
+        params = ingest_params(token_of(self.room["student_url"]), self.name, self.student_id, self.resume, catch_up)
         try:
             self._ws = await self.session.ws_connect(
-                self.url.replace("http", "ws", 1) + "/ws/ingest", params=params, timeout=aiohttp.ClientWSTimeout(ws_close=5)
+                ingest_url(self.url), params=params, timeout=aiohttp.ClientWSTimeout(ws_close=5)
             )
             ready = await self._ws.receive(timeout=timeout_s)
         except aiohttp.WSServerHandshakeError as error:
