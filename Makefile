@@ -3,15 +3,15 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test clean system-packages container-runtime image image-gpu
+.PHONY: install run test clean system-packages container-runtime image image-gpu constraints
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 # The main job: the classroom server with a demo room; open the printed teacher and student URLs.
@@ -57,6 +57,11 @@ image-gpu: container-runtime
 # -rs: each skipped test's reason (a missing package, no GPU) in the summary.
 test: install system-packages container-runtime
 	$(VENV)/bin/python -m pytest -q -rs
+
+# Every version an install gets (constraints.txt), from this venv after `make test` passed in it;
+# after changing a range in pyproject.toml: pip install the new versions, `make test`, then this.
+constraints:
+	$(VENV)/bin/python tools/constraints.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -24,7 +24,7 @@ else
 	exit 1
 fi
 
-inputs="pyproject.toml README.md LICENSE streamserver engines docker/healthcheck.py .dockerignore $DOCKERFILE"
+inputs="pyproject.toml constraints.txt README.md LICENSE streamserver engines docker/healthcheck.py .dockerignore $DOCKERFILE"
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
 	files=$(git ls-files --cached --others --exclude-standard -- $inputs | sort -u)
 else

@@ -56,11 +56,12 @@ def source(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def venv(source, tmp_path_factory) -> Iterator[Path]:
-    """A fresh venv (no system site-packages) with `pip install <source>`; its bin folder."""
+    """A fresh venv (no system site-packages) with `pip install -c constraints.txt <source>`, as
+    the image installs it (the pinned versions must resolve together); its bin folder."""
     python = shutil.which("python3.11") or sys.executable
     folder = tmp_path_factory.mktemp("venv")
     _run([python, "-m", "venv", str(folder)], folder)
-    _run([str(folder / "bin" / "pip"), "install", "--quiet", str(source)], folder)
+    _run([str(folder / "bin" / "pip"), "install", "--quiet", "-c", str(source / "constraints.txt"), str(source)], folder)
     yield folder / "bin"
     shutil.rmtree(folder, ignore_errors=True)  # 0.7 GB; pytest keeps its last temporary folders
 
