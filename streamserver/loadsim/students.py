@@ -76,8 +76,19 @@ class StudentPool:
     def _remaining_s(self) -> float:
         return self.plan.end - time.time()
 
-    async def _student(self, session: aiohttp.ClientSession, index: int, joins: asyncio.Semaphore, tmp: Path) -> None:
+    def _room_of(self, index: int) -> dict:
+        """Student `index`'s room, with the server it joins through: the room's own, unless the
+        run has fewer rooms than servers; then a room's students are dealt over every server, as
+        a load balancer in front of them would (a lecture of thousands is more than one gateway's
+        event loop carries; the room's seats and events are shared through the bus)."""
         room = self.plan.rooms[index % len(self.plan.rooms)]
+        urls = self.plan.urls or []
+        if len(self.plan.rooms) < len(urls):
+            return {**room, "url": urls[index // len(self.plan.rooms) % len(urls)]}
+        return room
+
+    async def _student(self, session: aiohttp.ClientSession, index: int, joins: asyncio.Semaphore, tmp: Path) -> None:
+        room = self._room_of(index)
         rng = random.Random(self.plan.seed * 1_000_003 + index)
         try:
             if self.plan.webrtc[index]:
