@@ -326,6 +326,7 @@ def _run_server(app, settings, args: argparse.Namespace, classroom, tls=None) ->
 
     from streamserver.api.app import metrics_app
     from streamserver.heap import freeze_startup_heap
+    from streamserver.logs import set_process_fields
     from streamserver.transport.udp import use_draining_loop
 
     if args.metrics_port is not None:
@@ -342,6 +343,7 @@ def _run_server(app, settings, args: argparse.Namespace, classroom, tls=None) ->
         freeze_startup_heap()
 
     app.on_startup.append(settle_heap)
+    set_process_fields(gateway=settings.gateway_name)  # on every JSON log line (streamserver/logs.py)
     use_draining_loop()  # UDP sockets read until empty each turn: a late turn is made up (transport/udp.py)
     web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None,
                 keepalive_timeout=args.header_timeout, ssl_context=tls.context() if tls else None)
@@ -488,7 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                         help="the least severe log records written (default %(default)s)")
     parser.add_argument("--log-format", default="text", choices=("text", "json"),
-                        help="text lines, or one JSON object a line (ts, level, logger, message); tokens are redacted")
+                        help="text lines, or one JSON object a line (ts, level, logger, message, and room_id, student_id, "
+                             "utterance_id, gateway where a line is about one); tokens are redacted")
     commands = parser.add_subparsers(dest="command", required=True)
     t = commands.add_parser("transcribe", help="transcribe audio files (any format PyAV reads)")
     t.add_argument("files", nargs="+", metavar="FILE")

@@ -13,9 +13,10 @@ import argparse
 import json
 import logging
 import os
-import re
 import sys
 import time
+
+from streamserver.logs import fields_of, redact  # room_id, student_id, ... as JSON fields
 
 PREFIX = "STREAMSERVER_"
 # Variables the code reads for itself (secrets, caches, tuning), not flags: name -> (read by, what);
@@ -34,6 +35,9 @@ OWN = {
                               "unless given, `serve` spins (`1`)"),
     "STREAMSERVER_TORCH_COMPILE": ("the GPU engine", "`0`: no `torch.compile` of the decoder step (faster start, slower "
                                    "steps)"),
+    "STREAMSERVER_GATEWAY_INDEX": ("`gateway`", "set by `gateway --processes` for each gateway it starts (never by "
+                                   "hand): its place among them; it shares their port, and its `--metrics-port` is "
+                                   "that port plus its place"),
     "STREAMSERVER_INTENT_DEVICE": ("the intent labels beside a `torch-cuda` engine", "`cpu`: on ONNX Runtime on the CPU "
                                    "instead of the engine's GPU (`auto`)"),
 }
@@ -87,21 +91,18 @@ def _convert(parser: argparse.ArgumentParser, action: argparse.Action, name: str
     return values[0]
 
 
-_TOKEN = re.compile(r"(token=)[^&\s\"']+")
-
-
 class Redacting(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if "token=" in message:  # formatted already: with no args, getMessage leaves "%" alone
-            record.msg, record.args = _TOKEN.sub(r"\1<redacted>", message), ()
+            record.msg, record.args = redact(message), ()
         return True
 
 
 class JsonLines(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-                "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+                "level": record.levelname.lower(), "logger": record.name, **fields_of(record), "message": record.getMessage()}
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=False)

@@ -20,7 +20,6 @@ from streamserver.asr.fallback import LocalFallback
 from streamserver.asr.worker import AsrWorker
 from streamserver.bus import create_bus
 from streamserver.bus.local import LocalFeeds
-from streamserver.bus.ordered import OrderedPublisher
 from streamserver.bus.redis import RedisBus
 from streamserver.classroom import Classroom
 from streamserver.config import Settings
@@ -28,6 +27,7 @@ from streamserver.intent import IntentClassifier
 from streamserver.metrics import Metrics
 from streamserver.queue.memory_queue import MemoryQueue
 from streamserver.queue.redis_queue import RedisQueue
+from streamserver.result_log import LoggedPublisher
 from streamserver.queue.sink import UtteranceSink
 from streamserver.queue.spool import Spool
 
@@ -35,7 +35,7 @@ from streamserver.queue.spool import Spool
 def serve_app(settings: Settings, engine: Engine, intent: IntentClassifier | None) -> tuple[web.Application, Classroom]:
     """Everything in one process; events through Redis when settings.redis_url is set."""
     bus = create_bus(settings.redis_url, settings.history_len, settings.redis_ca, settings.transcript_retention_s)
-    publisher = OrderedPublisher(bus)
+    publisher = LoggedPublisher(bus)  # a line with fields for each result (result_log.py)
     metrics = Metrics()
     queue = MemoryQueue(publisher, bounds=settings.queue_bounds)
     worker = AsrWorker(engine, queue, intent, settings.max_batch, metrics, partials=settings.partials)
@@ -52,7 +52,7 @@ def gateway_app(settings: Settings, fallback_engine: Engine | None = None,
         raise ValueError("a gateway needs --redis-url: its workers are found through Redis")
     bus = RedisBus(settings.redis_url, settings.history_len, ca_file=settings.redis_ca,
                    transcript_retention_s=settings.transcript_retention_s)
-    publisher = OrderedPublisher(bus)
+    publisher = LoggedPublisher(bus)  # a line with fields for each result (result_log.py)
     queue = RedisQueue(settings.redis_url, history_len=settings.history_len, bounds=settings.queue_bounds,
                        ca_file=settings.redis_ca, transcript_retention_s=settings.transcript_retention_s)
     metrics = Metrics()

@@ -22,6 +22,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from streamserver.api.feed_socket import feed_socket
 from streamserver.api.probes import add_livez
+from streamserver.logs import fields
 from streamserver.asr.worker import AsrWorker
 from streamserver.audio.timeline import CLOCK_NAME
 from streamserver.bus.redis import BusError
@@ -233,6 +234,7 @@ async def offer(request: web.Request) -> web.Response:
         return _error(503, str(error))
     except OfferError as error:
         return _error(400, str(error))
+    log.info("student joined over WebRTC", extra=fields(room_id=room.room_id, student_id=student.student_id))
     return web.json_response({"sdp": answer, "type": "answer", "student_id": student.student_id, "resume": student.resume,
                               "recovery": keeps is not None})
 
@@ -264,6 +266,7 @@ async def ingest(request: web.Request) -> web.StreamResponse:
         return busy_response(str(error))
     except BusError as error:
         return _error(503, str(error))
+    log.info("student joined over WebSocket", extra=fields(room_id=room.room_id, student_id=student_id))
     try:
         identity = {"room_id": room.room_id, "student_id": student_id, "resume": student.resume}
         async def keep(times: dict) -> None:

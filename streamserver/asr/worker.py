@@ -37,6 +37,7 @@ from collections import Counter, deque
 
 from engines.engine import Engine
 from streamserver.asr.batch import BatchRecogniser
+from streamserver.result_log import log_result
 from streamserver.config import PARTIAL_MODES, Settings
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, UtteranceFailedEvent, now
 from streamserver.intent import IntentClassifier
@@ -75,6 +76,10 @@ async def cancel_for_sure(task: asyncio.Task) -> None:
 
 
 class AsrWorker:
+    # A worker process logs the results it publishes; in `serve` the room feed's publisher does
+    # (result_log.py), for those served from a speculation too.
+    log_results = False
+
     def __init__(
         self, engine: Engine, queue: UtteranceQueue, intent: IntentClassifier | None = None,
         max_batch: int = Settings.max_batch, metrics: Metrics | None = None, partials: str = Settings.partials,
@@ -453,6 +458,8 @@ class AsrWorker:
         fresh = await self._until_reachable(self.queue.complete, entry_id, u, event)
         self.transcribed += 1
         if fresh:
+            if self.log_results:
+                log_result(event)
             self.metrics.utterances.labels(outcome=event.type).inc()
             self.metrics.eos_to_published.observe(max(0.0, event.published_ts - u.end_of_speech_ts))
         else:

@@ -48,6 +48,7 @@ async def run_worker(
     extra = {"transcript_retention_s": transcript_retention_s} if transcript_retention_s is not None else {}
     queue = RedisQueue(redis_url, name or instance_name(), ca_file=redis_ca, **extra)
     worker = AsrWorker(engine, queue, intent, max_batch, partials=partials)
+    worker.log_results = True  # it publishes through Redis itself: no publisher of ours logs them
     runner = None
     if metrics_port is not None:
         runner = web.AppRunner(metrics_app(worker), access_log=None)
