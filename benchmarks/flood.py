@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -138,6 +139,166 @@ async def run(url: str, admin_token: str, pid: int, flood_s: float, reconnect: b
     }
 
 
+# --- parallel paced streams of one link (issue 33) ----------------------------------------------------
+
+PACED_MESSAGE = 3200  # 100 ms of PCM16 a message, as the load simulator sends
+
+
+def _session(address: str) -> aiohttp.ClientSession:
+    """A client whose connections come from `address` (any 127.x.y.z is this machine's loopback)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(address, 0), limit=0))
+
+
+async def paced_stream(session: aiohttp.ClientSession, url: str, token: str, name: str, speech: bytes, seconds: float,
+                       rate: float) -> dict:
+    """`speech` over and over at `rate` x real time for `seconds`, or until the server ends the
+    stream: how it went (refused at the handshake, closed and why, or audio sent to the end)."""
+    try:
+        async with session.ws_connect(url.replace("http", "ws", 1) + "/ws/ingest", params={"token": token, "name": name}) as ws:
+            await ws.receive_json(timeout=30)
+            reader = asyncio.create_task(_read_until_closed(ws))  # so that a close from the server is seen
+            start, sent = time.monotonic(), 0
+            with contextlib.suppress(ConnectionError):  # closed while a message was on its way
+                while time.monotonic() - start < seconds and not ws.closed:
+                    for i in range(0, len(speech), PACED_MESSAGE):
+                        await ws.send_bytes(speech[i : i + PACED_MESSAGE])
+                        sent += 1
+                        await asyncio.sleep(max(0.0, start + sent * 0.1 / rate - time.monotonic()))
+                        if ws.closed or time.monotonic() - start >= seconds:
+                            break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(reader), 0 if not ws.closed else 2)
+            reader.cancel()
+            if not ws.closed:
+                await ws.close()
+                return {"outcome": "sent to the end", "audio_s": sent / 10}
+            return {"outcome": f"closed {ws.close_code}", "audio_s": sent / 10}
+    except aiohttp.WSServerHandshakeError as error:
+        return {"outcome": f"refused {error.status}", "audio_s": 0.0}
+    except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as error:
+        return {"outcome": f"closed ({type(error).__name__})", "audio_s": 0.0}
+
+
+async def _read_until_closed(ws: aiohttp.ClientWebSocketResponse) -> None:
+    async for _ in ws:
+        pass
+
+
+async def speak(session: aiohttp.ClientSession, url: str, token: str, name: str, clips: list[bytes], seconds: float,
+                identity: dict[str, str] | None = None) -> tuple[dict[str, str], int]:
+    """An honest student: clips in real time (100 ms messages on a shared clock) until `seconds`
+    have passed. Its identity (student id and resume secret, to come back as itself) and the clips
+    it spoke."""
+    spoken, sent = 0, 0
+    start = time.monotonic()
+    params = {"token": token, "name": name, **(identity or {})}
+    async with session.ws_connect(url.replace("http", "ws", 1) + "/ws/ingest", params=params) as ws:
+        ready = await ws.receive_json(timeout=30)
+        identity = {"student_id": ready["student_id"], "resume": ready["resume"]}
+        while time.monotonic() - start < seconds:
+            clip = clips[spoken % len(clips)]
+            for i in range(0, len(clip), PACED_MESSAGE):
+                await ws.send_bytes(clip[i : i + PACED_MESSAGE])
+                sent += 1
+                await asyncio.sleep(max(0.0, start + sent * 0.1 - time.monotonic()))
+            spoken += 1
+    return identity, spoken
+
+
+def _latencies(dashboard: Dashboard, student_id: str, after: float, before: float) -> list[float]:
+    return [round(t["_received"] - t["end_of_speech_ts"], 3) for t in _stamped(dashboard)
+            if t["student_id"] == student_id and after <= t["end_of_speech_ts"] < before]
+
+
+def _dropped(dashboard: Dashboard, student_id: str) -> int:
+    return sum(1 for e in dashboard.events if e["type"] == "utterance_dropped" and e.get("student_id") == student_id)
+
+
+async def _all_heard(dashboards: list[tuple[Dashboard, str, int]], within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if all(sum(1 for t in d.transcripts() if t["student_id"] == sid) >= n for d, sid, n in dashboards):
+            return
+        await asyncio.sleep(0.1)
+
+
+async def run_parallel(url: str, admin_token: str, pid: int, streams: int = 100, flood_s: float = 30.0, rate: float = 1.4,
+                       link: str = "per-student", idle_s: float = 15.0, after_s: float = 10.0) -> dict:
+    """`streams` paced streams at `rate` x real time of one link in room A for `flood_s`, from one
+    address (127.0.0.1), while a real student speaks in room A (127.0.0.2) and one in room B
+    (127.0.0.3). First `idle_s` of the real students alone: room B's latency at idle, and the
+    server's memory before the flood; the memory again `after_s` after the flood.
+    `link`: "per-student" (room A hands out per-student links; the flooder holds one) or
+    "shared" (room A's shared link, every option at its default)."""
+    clips = [pcm16(load_audio(p), tail_s=1.2) for p in CLIPS]
+    flood_speech = clips[0]
+    async with aiohttp.ClientSession() as admin, _session("127.0.0.1") as flooder, _session("127.0.0.2") as school_a, \
+            _session("127.0.0.3") as school_b:
+        room_b = await create_room(admin, url, admin_token, "room B")
+        headers = {"Authorization": f"Bearer {admin_token}"}
+        body: dict = {"name": "room A", **({"student_links": 2} if link == "per-student" else {})}
+        async with admin.post(f"{url}/api/rooms", json=body, headers=headers) as r:
+            room_a = await r.json()
+        if link == "per-student":
+            flood_token, honest_a = (token_of(x["student_url"]) for x in room_a["student_links"])
+        else:
+            flood_token = honest_a = token_of(room_a["student_url"])
+        honest_b = token_of(room_b["student_url"])
+        dash_a = await Dashboard(on_event=_stamp).open(admin, url, room_a)
+        dash_b = await Dashboard(on_event=_stamp).open(admin, url, room_b)
+        await asyncio.sleep(1.0)
+
+        idle_from = time.time()
+        (ann, a_idle), (bob, b_idle) = await asyncio.gather(speak(school_a, url, honest_a, "Ann", clips, idle_s),
+                                                            speak(school_b, url, honest_b, "Bob", clips, idle_s))
+        a_id, b_id = ann["student_id"], bob["student_id"]
+        await _all_heard([(dash_a, a_id, a_idle), (dash_b, b_id, b_idle)], 30)
+        rss_before = rss_bytes(pid)
+        peak = rss_before
+
+        async def watch_memory() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, rss_bytes(pid))
+                await asyncio.sleep(0.2)
+
+        watcher = asyncio.create_task(watch_memory())
+        flood_from = time.time()
+        flooded, (_, a_spoken), (_, b_spoken) = await asyncio.gather(
+            asyncio.gather(*(paced_stream(flooder, url, flood_token, f"Flood{i}", flood_speech, flood_s, rate)
+                             for i in range(streams))),
+            speak(school_a, url, honest_a, "Ann", clips, flood_s, ann),
+            speak(school_b, url, honest_b, "Bob", clips, flood_s, bob))
+        flood_to = time.time()
+        await _all_heard([(dash_a, a_id, a_idle + a_spoken), (dash_b, b_id, b_idle + b_spoken)], 120)
+        await asyncio.sleep(max(0.0, flood_to + after_s - time.time()))
+        rss_after = rss_bytes(pid)
+        watcher.cancel()
+        await dash_a.close()
+        await dash_b.close()
+    outcomes: dict[str, int] = {}
+    for f in flooded:
+        outcomes[f["outcome"]] = outcomes.get(f["outcome"], 0) + 1
+    b_at_idle, b_in_flood = _latencies(dash_b, b_id, idle_from, flood_from), _latencies(dash_b, b_id, flood_from, flood_to + 60)
+
+    def mean(xs: list[float]) -> float | None:
+        return round(sum(xs) / len(xs), 3) if xs else None
+
+    return {
+        "link": link, "streams": streams, "rate": rate, "flood_s": flood_s,
+        "flood": {"outcomes": outcomes, "audio_sent_s": round(sum(f["audio_s"] for f in flooded), 1)},
+        "room_a": {"clips_spoken": a_idle + a_spoken, "transcripts": sum(1 for t in dash_a.transcripts() if t["student_id"] == a_id),
+                   "dropped": _dropped(dash_a, a_id)},
+        "room_b": {"clips_spoken": b_idle + b_spoken, "transcripts": sum(1 for t in dash_b.transcripts() if t["student_id"] == b_id),
+                   "dropped": _dropped(dash_b, b_id), "latency_idle_s": b_at_idle, "latency_flood_s": b_in_flood,
+                   "mean_idle_s": mean(b_at_idle), "mean_flood_s": mean(b_in_flood),
+                   "latency_ratio": round(mean(b_in_flood) / mean(b_at_idle), 3) if b_at_idle and b_in_flood else None},
+        "rss_before_mb": round(rss_before / 2**20, 1), "rss_peak_mb": round(peak / 2**20, 1),
+        "rss_after_mb": round(rss_after / 2**20, 1), "rss_after_ratio": round(rss_after / rss_before, 3),
+        "rss_after_s": after_s,
+    }
+
+
 def _stamp(event: dict, received: float, from_history: bool) -> None:
     if not from_history:
         event["_received"] = received
@@ -153,10 +314,18 @@ def main() -> None:
     parser.add_argument("--pid", type=int, required=True, help="the server process (its memory is read from /proc)")
     parser.add_argument("--flood-s", type=float, default=2.0)
     parser.add_argument("--reconnect", action="store_true", help="a new connection each time the flooder is refused")
+    parser.add_argument("--parallel", type=int, metavar="N",
+                        help="N parallel paced streams of one link instead, with a real student in room A and B")
+    parser.add_argument("--rate", type=float, default=1.4, help="with --parallel: each stream's pace, x real time")
+    parser.add_argument("--link", choices=("per-student", "shared"), default="per-student",
+                        help="with --parallel: room A's links (the flooder holds one)")
     parser.add_argument("--admin-token", default=os.environ.get("STREAMSERVER_ADMIN_TOKEN"))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    result = asyncio.run(run(args.url, args.admin_token, args.pid, args.flood_s, args.reconnect))
+    if args.parallel:
+        result = asyncio.run(run_parallel(args.url, args.admin_token, args.pid, args.parallel, args.flood_s, args.rate, args.link))
+    else:
+        result = asyncio.run(run(args.url, args.admin_token, args.pid, args.flood_s, args.reconnect))
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
