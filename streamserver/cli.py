@@ -170,7 +170,9 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
     p.add_argument("--host", default=Settings.host, help="the address to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=Settings.port, help="the port, HTTP or HTTPS (default %(default)s)")
     if gateway:
-        p.add_argument("--redis-url", required=True, help="the Redis that gateways and workers share")
+        p.add_argument("--redis-url", required=True, help="the Redis that gateways and workers share: redis:// or rediss:// "
+                       "(TLS), redis+cluster://HOST:PORT[,HOST:PORT...] (a Redis Cluster), or "
+                       "redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER (Sentinels; docs/redis.md)")
     else:
         p.add_argument("--redis-url", help="route events through Redis pub/sub (default: embedded in-process bus)")
     p.add_argument("--ice-host", action="append", metavar="ADDR",
@@ -535,10 +537,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default %(default)g)")
     g.add_argument("--fallback-threads", type=int,
                    help=f"CPU threads of the fallback model (default: the machine's cores, at most {FALLBACK_THREADS_MAX})")
+    g.add_argument("--processes", type=_processes, default=1, metavar="N|auto",
+                   help="run N gateways from this command, on one port (the kernel deals connections over them) and "
+                        "one bus; auto: one per core of this machine (default %(default)s)")
     g.set_defaults(handler=_gateway)
 
     w = commands.add_parser("worker", help="an ASR worker: transcribes queued utterances of every room (needs Redis)")
-    w.add_argument("--redis-url", required=True, help="redis://[user:password@]host:port, or rediss:// for TLS")
+    w.add_argument("--redis-url", required=True, help="redis://[user:password@]host:port, or rediss:// for TLS; "
+                   "redis+cluster://HOST:PORT[,...] or redis+sentinel://HOST:PORT[,...]/MASTER (docs/redis.md)")
     w.add_argument("--redis-ca", metavar="FILE", help="CA certificate of a rediss:// (TLS) Redis (default: the system's CAs)")
     w.add_argument("--model", type=_model, default=Settings.model, metavar="NAME|DIR", help=MODEL_HELP)
     w.add_argument("--backend", choices=(*ENGINES, "auto"), default=Settings.backend, help=BACKEND_HELP)

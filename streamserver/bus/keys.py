@@ -28,9 +28,20 @@ Hints (best effort, lost with Redis: nothing of them is durable)
   asr:hint_order          sorted set utterance -> when offered (epoch s; speculative ones minus
                           SPECULATIVE_FIRST, so that they come first)
   asr:spec:<utterance>    a speculative result waiting for its final (queue/base.py Speculation)
+
+On a Redis Cluster (KeyLayout with CLUSTER_SHARDS shards, docs/redis.md) every key above but the
+fleet's (asr:workers, asr:gateways, the heartbeats) is prefixed by its shard's hash tag,
+`{<tag>}:`: a room belongs to one shard (room_shard), and its keys, its jobs' stream, backlog,
+hints, done keys and spoken records all hash to that shard's one slot, so that each Lua script
+touches one slot. The shards' slots are spread evenly over the 16,384, so that a cluster whose
+primaries split the slots evenly holds rooms on every primary.
 """
 
 from __future__ import annotations
+
+import zlib
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from streamserver.events import TranscriptEvent, event_type
 
@@ -109,3 +120,82 @@ def attempts_key(entry_id: str) -> str:
 
 def backlog_fields(room_id: str, student_id: str) -> tuple[str, str]:
     return f"r:{room_id}", f"s:{room_id}:{student_id}"
+
+
+CLUSTER_SHARDS = 12  # job streams (and room groups) of a Redis Cluster: a few for each primary of a 3-primary one
+
+
+def shard_tags(shards: int) -> list[str]:
+    """One hash tag per shard, the k-th hashing into the k-th of `shards` equal slot ranges."""
+    tags = []
+    for k in range(shards):
+        low, high = k * REDIS_CLUSTER_HASH_SLOTS // shards, (k + 1) * REDIS_CLUSTER_HASH_SLOTS // shards
+        j = 0
+        while not low <= key_slot(f"s{k}-{j}".encode()) < high:
+            j += 1
+        tags.append(f"s{k}-{j}")
+    return tags
+
+
+class KeyLayout:
+    """The key names of one deployment. With one shard (a single Redis, or one that Sentinels
+    manage) they are the module's names above, unchanged; with more (a Redis Cluster) each but
+    the fleet's carries its shard's hash tag. Every process of a deployment must use the same
+    number of shards: a room's shard is a pure function of its id."""
+
+    def __init__(self, shards: int = 1) -> None:
+        self.shards = shards
+        self.tags = [""] if shards == 1 else [f"{{{tag}}}:" for tag in shard_tags(shards)]
+
+    def shard(self, room_id: str) -> int:
+        return zlib.crc32(room_id.encode()) % self.shards if self.shards > 1 else 0
+
+    def tag(self, room_id: str) -> str:
+        return self.tags[self.shard(room_id)]
+
+    # ---- per shard ----
+    def jobs(self, shard: int) -> str:
+        return self.tags[shard] + JOBS
+
+    def backlog(self, shard: int) -> str:
+        return self.tags[shard] + BACKLOG
+
+    def hints(self, shard: int) -> str:
+        return self.tags[shard] + HINTS
+
+    def hint_order(self, shard: int) -> str:
+        return self.tags[shard] + HINT_ORDER
+
+    def attempts(self, shard: int, entry_id: str) -> str:
+        return self.tags[shard] + attempts_key(entry_id)
+
+    # ---- per room, and per utterance of a room ----
+    def room_channel(self, room_id: str) -> str:
+        return self.tag(room_id) + room_channel(room_id)
+
+    def history(self, room_id: str) -> str:
+        return self.tag(room_id) + history_key(room_id)
+
+    def transcript(self, room_id: str) -> str:
+        return self.tag(room_id) + transcript_key(room_id)
+
+    def meta(self, room_id: str) -> str:
+        return self.tag(room_id) + meta_key(room_id)
+
+    def seats(self, room_id: str) -> list[str]:
+        return [self.tag(room_id) + key for key in seat_keys(room_id)]
+
+    def spoken(self, room_id: str, spoken: str) -> str:
+        return self.tag(room_id) + spoken_key(room_id, spoken)
+
+    def sent(self, room_id: str, spoken: str) -> str:
+        return self.tag(room_id) + sent_key(room_id, spoken)
+
+    def done(self, shard: int, utterance_id: str) -> str:
+        return self.tags[shard] + done_key(utterance_id)
+
+    def hint_audio(self, shard: int, utterance_id: str) -> str:
+        return self.tags[shard] + hint_audio_key(utterance_id)
+
+    def speculation(self, shard: int, utterance_id: str) -> str:
+        return self.tags[shard] + speculation_key(utterance_id)

@@ -5,6 +5,9 @@ Keys (streamserver/bus/keys.py): the room's channel, its history stream, its rec
 seats; seat leases are in ms of Redis's own clock, so the processes' clocks never matter, and
 both seat keys expire with their last lease.
 The hiredis parser is used: redis-py picks it by default whenever hiredis is installed.
+On a Redis Cluster (bus/connect.py) a room's keys share its shard's hash tag (keys.KeyLayout), so
+that each script here touches one slot; its events go out with plain PUBLISH, which the cluster
+carries to every node, so a subscriber connected to any node gets them.
 """
 
 from __future__ import annotations
@@ -17,17 +20,14 @@ from typing import AsyncIterator
 
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import RedisError
+from redis.asyncio.cluster import RedisCluster
 
-from streamserver.bus.connect import redis_client
-from streamserver.bus.keys import (
-    HISTORY_FIELD, TRANSCRIPT_RETENTION_S, history_key, is_final_transcript, meta_key, room_channel, seat_keys, transcript_key,
-)
+from streamserver.bus.connect import REDIS_FAILURES, is_cluster, redis_client, topology
+from streamserver.bus.keys import CLUSTER_SHARDS, HISTORY_FIELD, TRANSCRIPT_RETENTION_S, KeyLayout, is_final_transcript
 
 log = logging.getLogger(__name__)
 
-# Connection trouble as raised by redis-py and by the socket layer under it.
-_FAILURES = (RedisError, OSError)
+_FAILURES = REDIS_FAILURES
 
 
 class BusError(RuntimeError):
@@ -98,6 +98,34 @@ return 0
 """
 
 
+# A batch of one room's events: each published, a kept one appended to the history, a final also
+# to the class transcript. One script, so that a batch is one round trip to the room's one slot
+# (a cluster pipeline refuses PUBLISH). KEYS: history, transcript; ARGV: channel, history length,
+# history field, retention, then for each event: the event, kept (1/0), a final (1/0).
+_PUBLISH_MANY = """
+local finals = false
+for i = 5, #ARGV, 3 do
+  redis.call('PUBLISH', ARGV[1], ARGV[i])
+  if ARGV[i + 1] == '1' then
+    redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', ARGV[3], ARGV[i])
+    if ARGV[i + 2] == '1' then
+      redis.call('RPUSH', KEYS[2], ARGV[i])
+      finals = true
+    end
+  end
+end
+if finals then redis.call('EXPIRE', KEYS[2], ARGV[4]) end
+return 0
+"""
+# The room's record replaced and given its expiry at once. KEYS: meta; ARGV: ttl ms, field, value...
+_SAVE_ROOM = """
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 0
+"""
+
+
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
@@ -133,6 +161,10 @@ class RedisBus:
             # PINGs idle pub/sub connections too, so a silently dead link is noticed.
             health_check_interval=30,
         )
+        self._cluster = is_cluster(self._redis)
+        self.keys = KeyLayout(CLUSTER_SHARDS if topology(url) == "cluster" else 1)
+        self._publish_many = self._redis.register_script(_PUBLISH_MANY)
+        self._save_room = self._redis.register_script(_SAVE_ROOM)
         self._take_seat = self._redis.register_script(_TAKE_SEAT)
         self._renew_seats = self._redis.register_script(_RENEW_SEATS)
         self._release_seat = self._redis.register_script(_RELEASE_SEAT)
@@ -141,23 +173,13 @@ class RedisBus:
         await self.publish_many(room_id, [(event_json, keep)])
 
     async def publish_many(self, room_id: str, events: list[tuple[str, bool]]) -> None:
-        # One round trip; no MULTI: live delivery and history need no atomicity between them.
+        # One round trip. The history is capped with "~": trims whole radix nodes, cheaper than an
+        # exact cap; a final also goes to the class transcript (the whole class, for the export).
+        args: list[str | int] = [self.keys.room_channel(room_id), self._history_len, HISTORY_FIELD, self._retention_s]
+        for event_json, keep in events:
+            args += [event_json, int(keep), int(keep and is_final_transcript(event_json))]
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for event_json, keep in events:
-                    pipe.publish(room_channel(room_id), event_json)
-                    if not keep:
-                        continue
-                    pipe.xadd(
-                        history_key(room_id),
-                        {HISTORY_FIELD: event_json},
-                        maxlen=self._history_len,
-                        approximate=True,  # "~": trims whole radix nodes, cheaper than an exact cap
-                    )
-                    if is_final_transcript(event_json):  # the whole class, for the teacher's export
-                        pipe.rpush(transcript_key(room_id), event_json)
-                        pipe.expire(transcript_key(room_id), self._retention_s)
-                await pipe.execute()
+            await self._publish_many(keys=[self.keys.history(room_id), self.keys.transcript(room_id)], args=args)
         except _FAILURES as e:
             raise BusError(f"publish to room {room_id!r} failed: {e}") from e
 
@@ -170,7 +192,7 @@ class RedisBus:
         contextlib.aclosing(bus.subscribe(room))` so that leaving the loop unsubscribes at once
         rather than at garbage collection.
         """
-        channel = room_channel(room_id)
+        channel = self.keys.room_channel(room_id)
         delay = self._backoff_min_s
         lost = False
         mark: str | None = None  # history stream position up to which this subscriber is served
@@ -229,12 +251,12 @@ class RedisBus:
             delay = min(delay * 2, self._backoff_max_s)
 
     async def _history_end(self, room_id: str) -> str:
-        newest = await self._redis.xrevrange(history_key(room_id), count=1)
+        newest = await self._redis.xrevrange(self.keys.history(room_id), count=1)
         return newest[0][0] if newest else "0-0"
 
     async def _history_after(self, room_id: str, mark: str) -> tuple[list[str], str]:
         """History entries after `mark` (oldest first) and the new mark."""
-        entries = await self._redis.xrange(history_key(room_id), min=f"({mark}", max="+")
+        entries = await self._redis.xrange(self.keys.history(room_id), min=f"({mark}", max="+")
         return [fields[HISTORY_FIELD] for _id, fields in entries], (entries[-1][0] if entries else mark)
 
     async def history(self, room_id: str, limit: int = 200) -> list[str]:
@@ -243,7 +265,7 @@ class RedisBus:
         if count <= 0:
             return []
         try:
-            entries = await self._redis.xrevrange(history_key(room_id), count=count)
+            entries = await self._redis.xrevrange(self.keys.history(room_id), count=count)
         except _FAILURES as e:
             raise BusError(f"history of room {room_id!r} failed: {e}") from e
         return [fields[HISTORY_FIELD] for _id, fields in reversed(entries)]
@@ -252,44 +274,46 @@ class RedisBus:
         """Every final transcript of the room, in publish order (kept TRANSCRIPT_RETENTION_S
         after the last), not only the history's last history_len events."""
         try:
-            return list(await self._redis.lrange(transcript_key(room_id), 0, -1))
+            return list(await self._redis.lrange(self.keys.transcript(room_id), 0, -1))
         except _FAILURES as e:
             raise BusError(f"reading the transcript of room {room_id!r} failed: {e}") from e
 
     async def subscriber_count(self, room_id: str) -> int:
-        """Subscribers of the room across every process (PUBSUB NUMSUB)."""
+        """Subscribers of the room across every process (PUBSUB NUMSUB; of every node of a
+        cluster, as a subscriber is connected to any one)."""
+        channel = self.keys.room_channel(room_id)
         try:
-            [(_channel, count)] = await self._redis.pubsub_numsub(room_channel(room_id))
+            if isinstance(self._redis, RedisCluster):
+                replies = await self._redis.execute_command("PUBSUB NUMSUB", channel, target_nodes=RedisCluster.ALL_NODES)
+                return sum(int(count) for _channel, count in replies)
+            [(_channel, count)] = await self._redis.pubsub_numsub(channel)
         except _FAILURES as e:
             raise BusError(f"subscriber count of room {room_id!r} failed: {e}") from e
         return int(count)
 
     async def save_room(self, room_id: str, meta: dict[str, str], ttl_s: float) -> None:
         try:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.delete(meta_key(room_id))
-                pipe.hset(meta_key(room_id), mapping=meta)
-                pipe.pexpire(meta_key(room_id), _ms(ttl_s))
-                await pipe.execute()
+            await self._save_room(keys=[self.keys.meta(room_id)],
+                                  args=[_ms(ttl_s), *(item for pair in meta.items() for item in pair)])
         except _FAILURES as e:
             raise BusError(f"saving room {room_id!r} failed: {e}") from e
 
     async def touch_room(self, room_id: str, ttl_s: float) -> None:
         try:
-            await self._redis.pexpire(meta_key(room_id), _ms(ttl_s))
+            await self._redis.pexpire(self.keys.meta(room_id), _ms(ttl_s))
         except _FAILURES as e:
             raise BusError(f"keeping room {room_id!r} failed: {e}") from e
 
     async def load_room(self, room_id: str) -> dict[str, str] | None:
         try:
-            meta = await self._redis.hgetall(meta_key(room_id))
+            meta = await self._redis.hgetall(self.keys.meta(room_id))
         except _FAILURES as e:
             raise BusError(f"loading room {room_id!r} failed: {e}") from e
         return meta or None
 
     async def take_seat(self, room_id: str, student_id: str, limit: int, lease_s: float, holder: str) -> bool:
         try:
-            return bool(await self._take_seat(keys=seat_keys(room_id), args=[student_id, limit, _ms(lease_s), holder]))
+            return bool(await self._take_seat(keys=self.keys.seats(room_id), args=[student_id, limit, _ms(lease_s), holder]))
         except _FAILURES as e:
             raise BusError(f"no seat could be taken in room {room_id!r}: {e}") from e
 
@@ -298,16 +322,20 @@ class RedisBus:
         if not seats:
             return
         try:
+            if self._cluster:  # rooms on several primaries: one script call each, side by side
+                await asyncio.gather(*(self._renew_seats(keys=self.keys.seats(room_id), args=[_ms(lease_s), holder, *students])
+                                       for room_id, students in seats.items()))
+                return
             async with self._redis.pipeline(transaction=False) as pipe:
                 for room_id, students in seats.items():
-                    await self._renew_seats(keys=seat_keys(room_id), args=[_ms(lease_s), holder, *students], client=pipe)
+                    await self._renew_seats(keys=self.keys.seats(room_id), args=[_ms(lease_s), holder, *students], client=pipe)
                 await pipe.execute()
         except _FAILURES as e:
             raise BusError(f"renewing seats failed: {e}") from e
 
     async def release_seat(self, room_id: str, student_id: str, holder: str) -> None:
         try:
-            await self._release_seat(keys=seat_keys(room_id), args=[student_id, holder])
+            await self._release_seat(keys=self.keys.seats(room_id), args=[student_id, holder])
         except _FAILURES as e:
             raise BusError(f"releasing a seat in room {room_id!r} failed: {e}") from e
 

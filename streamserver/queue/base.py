@@ -7,14 +7,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from redis.exceptions import RedisError
+from streamserver.bus.connect import REDIS_FAILURES
 
 from streamserver.config import Bounds
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
 
 Entry = tuple[str, Utterance]  # (entry id in the queue, the utterance): "<ms since epoch>-<n>", as Redis makes them
-# A queue that cannot be reached (Redis away, a socket error): callers retry with backoff.
-UNREACHABLE = (RedisError, OSError)
+# A queue that cannot be reached (Redis away, a socket error, a cluster failing a primary over):
+# callers retry with backoff.
+UNREACHABLE = REDIS_FAILURES
 __all__ = ["Bounds", "Entry", "MAX_ATTEMPTS", "QueueFull", "Speculation", "UNREACHABLE", "UtteranceQueue"]
 MAX_ATTEMPTS = 3  # a job whose recognition failed this often is given up, with an event
 # Hints are best effort: one per utterance (the newest), speculative ones first, none older than

@@ -60,7 +60,12 @@ def covered(spans: list[tuple[float, float, bool]], start: float, end: float, re
 # Shared by the worker's completion and the claim (queue/redis_queue.py _COMPLETE, _CLAIM), so
 # both go through one guard. publish_once(done, history, transcript, channel, event, history
 # length, done TTL, history field, is a final ('1'/'0'), retention, spoken, span start, span end,
-# recovered ('1'/'0')) -> whether this result was the first.
+# recovered ('1'/'0'), token) -> 1: this result was the first; 0: it was not.
+# On a replicated Redis (a token given) the script does not PUBLISH: the caller does, once a
+# replica holds what the script wrote (connect.Replication), so that a failover cannot lose the
+# done key of a result already shown and let it be published again. The done key then holds the
+# token, and the same caller asking again (its first answer lost with the connection) gets 2: its
+# result is the first, written already, still to be published.
 PUBLISH_ONCE_LUA = """
 local function covered(spoken, s, e, recovered)
   local shared = 0
@@ -74,15 +79,23 @@ local function covered(spoken, s, e, recovered)
   return shared >= OVERLAP * math.max(e - s, 0.001)
 end
 local function publish_once(done, history, transcript, channel, event, history_len, ttl, field, final, retention,
-                            spoken, span_start, span_end, recovered)
-  if redis.call('EXISTS', done) == 1 then return false end
+                            spoken, span_start, span_end, recovered, token)
+  local was = redis.call('GET', done)
+  if was then
+    if token ~= '' and was == token then return 2 end
+    return 0
+  end
   local s, e = tonumber(span_start), tonumber(span_end)
   if s and covered(spoken, s, e, recovered) then
     redis.call('SET', done, '2', 'EX', ttl)  -- 2: a copy of a published utterance
-    return false
+    return 0
   end
-  redis.call('SET', done, '1', 'EX', ttl)
-  redis.call('PUBLISH', channel, event)
+  if token == '' then
+    redis.call('SET', done, '1', 'EX', ttl)
+    redis.call('PUBLISH', channel, event)
+  else
+    redis.call('SET', done, token, 'EX', ttl)
+  end
   redis.call('XADD', history, 'MAXLEN', '~', history_len, '*', field, event)
   if final == '1' then
     redis.call('RPUSH', transcript, event)
@@ -93,7 +106,7 @@ local function publish_once(done, history, transcript, channel, event, history_l
     redis.call('ZREMRANGEBYSCORE', spoken, '-inf', e - SPOKEN_KEPT)
     redis.call('EXPIRE', spoken, SPOKEN_KEPT)
   end
-  return true
+  return 1
 end
 """.replace("OVERLAP", repr(SPOKEN_OVERLAP)).replace("SPOKEN_KEPT", str(SPOKEN_KEPT_S))
 

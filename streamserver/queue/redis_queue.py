@@ -5,24 +5,35 @@ publishes its result, so a worker that dies before that leaves the job pending, 
 that dies after it leaves nothing to redo. Pending jobs of a worker whose heartbeat expired are
 claimed by a live one within about a second; any job idle longer than the visibility timeout is
 claimed too (a worker alive but stuck).
+
+On a Redis Cluster the queue is one stream per shard (keys.KeyLayout): a room's jobs always go to
+its shard's stream, next to the room's other keys, so that every script touches one slot and a
+room's jobs keep their order; a worker reads every stream. On a replicated Redis (a cluster or a
+Sentinel-managed primary) a job counts as queued, and a result as published, only once a
+replica holds it (connect.Replication): a job whose write is lost in a failover is never taken
+for queued (the gateway queues it again: its submit failed), and a result's done key is never
+lost once the result is shown (it cannot be published a second time). Entry ids of a sharded
+queue carry their shard: "<stream id>@<shard>".
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
-from typing import Any
+import uuid
+from collections import OrderedDict
+from typing import Any, Callable
 
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ResponseError
 
-from streamserver.bus.connect import redis_client
+from streamserver.bus.connect import Replication, is_cluster, redis_client, topology
 from streamserver.bus.keys import (
-    BACKLOG, GATEWAYS, HINT_ORDER, HINTS, HISTORY_FIELD, JOB_GROUP, JOBS, SPECULATIVE_FIRST, TRANSCRIPT_RETENTION_S, WORKERS, alive_key,
-    attempts_key, backlog_fields, done_key, gateway_alive_key, hint_audio_key, history_key, is_final_transcript, room_channel, speculation_key,
-    sent_key, spoken_key, transcript_key,
+    CLUSTER_SHARDS, GATEWAYS, HISTORY_FIELD, JOB_GROUP, SPECULATIVE_FIRST, TRANSCRIPT_RETENTION_S, WORKERS, KeyLayout, alive_key,
+    backlog_fields, gateway_alive_key, is_final_transcript,
 )
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
 from streamserver.queue.base import (
@@ -49,6 +60,7 @@ WORKER_CLIENT_PREFIX = "asr-worker:"  # the CLIENT SETNAME of every connection o
 HINT_AUDIO_TTL_S = 10
 HINT_AUDIO_REMEMBERED = 20_000  # utterances whose hint audio this gateway remembers sending
 FORGET_IDLE_MS = 10 * 60 * 1000  # a consumer with nothing pending, silent this long, is removed
+ROOMS_REMEMBERED = 100_000  # utterances whose room (so shard) this process remembers (a sharded queue)
 
 # Queue a job unless its student, its room or the whole queue is at its bound (the backlog
 # counts are kept with the stream, atomically); the utterance's hint and its audio go (the final
@@ -137,10 +149,11 @@ return 1
 # twice or acknowledge without publishing. KEYS: done, history, jobs, backlog, class transcript,
 # spoken, hint audio (no more hints); ARGV: channel, event, history length, group, entry id, done
 # TTL, history field, the two backlog fields, is a final, retention, span start, span end,
-# recovered.
+# recovered, token (publication.py: '' publishes here). 1: the first result; 2: the first, this
+# caller's, written already; 0: not the first.
 _COMPLETE = PUBLISH_ONCE_LUA + """
 local fresh = publish_once(KEYS[1], KEYS[2], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[6], ARGV[7], ARGV[10], ARGV[11],
-                           KEYS[6], ARGV[12], ARGV[13], ARGV[14])
+                           KEYS[6], ARGV[12], ARGV[13], ARGV[14], ARGV[15])
 redis.call('DEL', KEYS[7])
 redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
 if redis.call('XDEL', KEYS[3], ARGV[5]) == 1 then
@@ -148,21 +161,18 @@ if redis.call('XDEL', KEYS[3], ARGV[5]) == 1 then
     if redis.call('HINCRBY', KEYS[4], ARGV[i], -1) <= 0 then redis.call('HDEL', KEYS[4], ARGV[i]) end
   end
 end
-if fresh then return 1 else return 0 end
+return fresh
 """
 
 # A result made outside the workers (an on-prem gateway's local fallback): published only if no
 # worker published this utterance first; its job, if queued, is then acknowledged by whichever
 # worker reads it (the done key). KEYS: done, history, class transcript, spoken, hint audio;
 # ARGV: channel, event, history length, done TTL, history field, is a final (1/0), retention,
-# span start, span end, recovered.
+# span start, span end, recovered, token; replies as _COMPLETE.
 _CLAIM = PUBLISH_ONCE_LUA + """
 redis.call('DEL', KEYS[5])
-if publish_once(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7],
-                KEYS[4], ARGV[8], ARGV[9], ARGV[10]) then
-  return 1
-end
-return 0
+return publish_once(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7],
+                    KEYS[4], ARGV[8], ARGV[9], ARGV[10], ARGV[11])
 """
 
 
@@ -193,6 +203,9 @@ class RedisQueue:
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=3),
             client_name=worker_client_name(worker) if worker else None,
         )
+        kind = topology(url)
+        self.keys = KeyLayout(CLUSTER_SHARDS if kind == "cluster" else 1)
+        self.replication = Replication(self.redis, enabled=kind != "single")
         self._complete = self.redis.register_script(_COMPLETE)
         self._submit = self.redis.register_script(_SUBMIT)
         self._claim = self.redis.register_script(_CLAIM)
@@ -200,12 +213,56 @@ class RedisQueue:
         self._take_hints = self.redis.register_script(_TAKE_HINTS)
         self._partial = self.redis.register_script(_PARTIAL)
         self._group_ready = False
-        self._client_list_allowed = True
+        # A cluster's connections are spread over its nodes: CLIENT LIST of one tells nothing of
+        # a worker's, so dead workers are found by their heartbeat there.
+        self._client_list_allowed = not is_cluster(self.redis)
         # utterance -> samples of its audio this gateway put under its hint audio key (offer())
         self._hint_audio: dict[str, int] = {}
+        # Sharded: utterance -> its room, for calls that name the utterance only (done_of ...).
+        self._rooms: OrderedDict[str, str] = OrderedDict()
+        self._readers: dict[int, asyncio.Task[list[Entry]]] = {}  # shard -> its stream's read in flight
+        self._unread: list[Entry] = []  # read from the streams, not yet handed out
+        self._next_hint_shard = 0
+        self._published: OrderedDict[str, None] = OrderedDict()  # tokens of the results this process published
 
     async def close(self) -> None:
+        for task in self._readers.values():
+            task.cancel()
+        await asyncio.gather(*self._readers.values(), return_exceptions=True)
         await self.redis.aclose()
+
+    # ---- shards ----
+
+    def _note(self, utterance_id: str, room_id: str) -> int:
+        """Remember an utterance's room (a sharded queue only); its shard."""
+        if self.keys.shards > 1:
+            self._rooms[utterance_id] = room_id
+            self._rooms.move_to_end(utterance_id)
+            if len(self._rooms) > ROOMS_REMEMBERED:
+                self._rooms.popitem(last=False)
+        return self.keys.shard(room_id)
+
+    def _shards_of(self, utterance_id: str) -> list[int]:
+        """Where an utterance's keys may be: its room's shard, or every shard for an utterance
+        this process has not seen (asked about rarely: each process asks of its own)."""
+        room = self._rooms.get(utterance_id)
+        if room is not None or self.keys.shards == 1:
+            return [self.keys.shard(room or "")]
+        return list(range(self.keys.shards))
+
+    def _entry_id(self, shard: int, stream_id: str) -> str:
+        return stream_id if self.keys.shards == 1 else f"{stream_id}@{shard}"
+
+    def _stream_id(self, entry_id: str) -> tuple[int, str]:
+        stream_id, _, shard = entry_id.partition("@")
+        return (int(shard) if shard else 0), stream_id
+
+    async def _replicated(self, script: Any, keys: list[Any], args: list[Any], token: str) -> tuple[Any, str]:
+        """Run a script through the replication (connect.Replication); the token its results
+        carry ('' on a single Redis: its script publishes itself)."""
+        if not self.replication.enabled:
+            return await script(keys=keys, args=args + [""]), ""
+        return await self.replication.run(script, keys, args + [token]), token
 
     # ---- gateway side ----
 
@@ -213,20 +270,25 @@ class RedisQueue:
         b = self.bounds
         fields = [item for pair in encode_job(u).items() for item in pair]
         self._hint_audio.pop(u.utterance_id, None)  # the script deletes its hint audio
+        shard = self._note(u.utterance_id, u.room_id)
         span = [repr(u.stream_span[0]), repr(u.stream_span[1])] if u.stream_span is not None else ["", ""]
-        sent = sent_key(u.room_id, spoken_of(u.student_id, u.stream_clock))
-        reply = await self._submit(keys=[JOBS, BACKLOG, HINTS, HINT_ORDER, hint_audio_key(u.utterance_id), sent],
-                                   args=[*backlog_fields(u.room_id, u.student_id), b.total, b.per_room, b.per_student,
-                                         u.utterance_id, *span, *fields])
+        sent = self.keys.sent(u.room_id, spoken_of(u.student_id, u.stream_clock))
+        keys = [self.keys.jobs(shard), self.keys.backlog(shard), self.keys.hints(shard), self.keys.hint_order(shard),
+                self.keys.hint_audio(shard, u.utterance_id), sent]
+        args = [*backlog_fields(u.room_id, u.student_id), b.total, b.per_room, b.per_student, u.utterance_id, *span, *fields]
+        # Queued once a replica holds it: a submit whose confirmation fails raises, and the sink
+        # queues the utterance again (a second job of one utterance is published once).
+        reply = await self.replication.run(self._submit, keys, args)
         if not isinstance(reply, list):
             scope = reply.decode()
             raise QueueFull(scope, {"student": b.per_student, "room": b.per_room}.get(scope, b.total))
-        return reply[0].decode()
+        return self._entry_id(shard, reply[0].decode())
 
     async def offer(self, hint: Utterance) -> None:
         uid, speculative = hint.utterance_id, hint.kind == "speculative"
+        shard = self._note(uid, hint.room_id)
         score = now() - (SPECULATIVE_FIRST if speculative else 0.0)
-        keys = [HINTS, HINT_ORDER, done_key(uid), hint_audio_key(uid)]
+        keys = [self.keys.hints(shard), self.keys.hint_order(shard), self.keys.done(shard, uid), self.keys.hint_audio(shard, uid)]
         head = pack_hint_head(hint)
 
         async def offer_from(sample: int) -> int:  # the audio from `sample` on
@@ -242,18 +304,25 @@ class RedisQueue:
                 self._hint_audio.pop(next(iter(self._hint_audio)))
 
     async def speculation(self, utterance_id: str) -> Speculation | None:
-        value = await self.redis.get(speculation_key(utterance_id))
-        return Speculation.from_json(value) if value else None
+        return (await self.speculations([utterance_id])).get(utterance_id)
 
     async def depth(self) -> int:
         """Jobs not yet published: waiting plus being transcribed."""
-        return int(await self.redis.xlen(JOBS))
+        if self.keys.shards == 1:
+            return int(await self.redis.xlen(self.keys.jobs(0)))
+        async with self.redis.pipeline() as pipe:
+            for shard in range(self.keys.shards):
+                pipe.xlen(self.keys.jobs(shard))
+            return sum(int(n) for n in await pipe.execute())
 
     async def backlog(self) -> dict[str, int]:
-        counts = await self.redis.hgetall(BACKLOG)
-        return {k.decode()[2:]: int(v) for k, v in counts.items() if k.startswith(b"r:") and int(v) > 0}
+        out: dict[str, int] = {}
+        for shard in range(self.keys.shards):  # a room's count is on its own shard only
+            counts = await self.redis.hgetall(self.keys.backlog(shard))
+            out.update({k.decode()[2:]: int(v) for k, v in counts.items() if k.startswith(b"r:") and int(v) > 0})
+        return out
 
-    async def _live_stats(self, table: str = WORKERS, alive=alive_key) -> list[dict[str, Any]]:  # noqa: ANN001 - name -> key
+    async def _live_stats(self, table: str = WORKERS, alive: Callable[[str], str] = alive_key) -> list[dict[str, Any]]:
         """The heartbeat stats of the live workers (or gateways). Alive = its heartbeat key exists:
         Redis's clock decides, so hosts whose clocks disagree do not hide workers. A gateway
         found gone is taken out of its table (a worker's stats stay: claims look for its jobs)."""
@@ -290,22 +359,23 @@ class RedisQueue:
 
     async def is_done(self, utterance_id: str) -> bool:
         """A worker (or a claim) has published this utterance."""
-        return bool(await self.redis.exists(done_key(utterance_id)))
+        return bool(await self.done_of([utterance_id]))
 
     async def done_of(self, utterance_ids: list[str]) -> set[str]:
         """Those of the utterances that are published (or found to be copies of published ones)."""
         if not utterance_ids:
             return set()
+        asked = [(uid, shard) for uid in utterance_ids for shard in self._shards_of(uid)]
         async with self.redis.pipeline(transaction=False) as pipe:
-            for uid in utterance_ids:
-                pipe.exists(done_key(uid))
+            for uid, shard in asked:
+                pipe.exists(self.keys.done(shard, uid))
             found = await pipe.execute()
-        return {uid for uid, hit in zip(utterance_ids, found) if hit}
+        return {uid for (uid, _shard), hit in zip(asked, found) if hit}
 
     async def sent_spans(self, room_id: str, spoken: str) -> list[tuple[float, float]]:
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zrange(sent_key(room_id, spoken), 0, -1)
-            pipe.zrange(spoken_key(room_id, spoken), 0, -1)  # published without a job: a fallback's claim
+            pipe.zrange(self.keys.sent(room_id, spoken), 0, -1)
+            pipe.zrange(self.keys.spoken(room_id, spoken), 0, -1)  # published without a job: a fallback's claim
             members = [m for found in await pipe.execute() for m in found]
         spans = []
         for member in members:
@@ -318,44 +388,103 @@ class RedisQueue:
     def remember_spoken(self, room_id: str, spoken: str, spans: list[tuple[float, float, bool]]) -> None:
         """Nothing to do: keeps_spoken."""
 
+    async def _publish_after(self, room_id: str, event_json: str, reply: Any, token: str) -> bool:
+        """A script's reply (publication.py): whether its result was the first; on a replicated
+        Redis the result is published here, now that a replica holds its done key."""
+        if not token:
+            return bool(reply)
+        if int(reply) == 0 or token in self._published:  # 2 after a publication: a second call, not a retry
+            return False
+        await self.redis.publish(self.keys.room_channel(room_id), event_json)
+        self._published[token] = None
+        if len(self._published) > ROOMS_REMEMBERED:
+            self._published.popitem(last=False)
+        return True
+
     async def claim(self, event: TranscriptEvent) -> bool:
         """Publish a result made outside the workers unless the utterance was published already
         (True: this one is the room's)."""
         self._hint_audio.pop(event.utterance_id, None)  # the script deletes its hint audio
-        keys = [done_key(event.utterance_id), history_key(event.room_id), transcript_key(event.room_id),
-                spoken_key(event.room_id, spoken_of(event.student_id, event.stream_clock)), hint_audio_key(event.utterance_id)]
+        shard = self._note(event.utterance_id, event.room_id)
+        keys = [self.keys.done(shard, event.utterance_id), self.keys.history(event.room_id), self.keys.transcript(event.room_id),
+                self.keys.spoken(event.room_id, spoken_of(event.student_id, event.stream_clock)),
+                self.keys.hint_audio(shard, event.utterance_id)]
         event_json = event.to_json()
-        args = [room_channel(event.room_id), event_json, self.history_len, int(DONE_TTL_S), HISTORY_FIELD,
+        args = [self.keys.room_channel(event.room_id), event_json, self.history_len, int(DONE_TTL_S), HISTORY_FIELD,
                 int(is_final_transcript(event_json)), self.transcript_retention_s, *span_args(event)]
-        return bool(await self._claim(keys=keys, args=args))
+        reply, token = await self._replicated(self._claim, keys, args, f"claim:{uuid.uuid4().hex}")
+        return await self._publish_after(event.room_id, event_json, reply, token)
 
     # ---- worker side ----
 
     async def ensure_group(self) -> None:
         """Create the group (and the stream) once; after a Redis restart without its data too."""
+        for shard in range(self.keys.shards):
+            await self._ensure_group(shard)
+        self._group_ready = True
+
+    async def _ensure_group(self, shard: int) -> None:
         try:
-            await self.redis.xgroup_create(JOBS, JOB_GROUP, id="0", mkstream=True)
+            await self.redis.xgroup_create(self.keys.jobs(shard), JOB_GROUP, id="0", mkstream=True)
         except ResponseError as error:
             if "BUSYGROUP" not in str(error):
                 raise
-        self._group_ready = True
 
     async def read(self, count: int, block_ms: int) -> list[Entry]:
         """New jobs for this worker (waits up to block_ms for the first)."""
         assert self.worker, "a worker name is needed to read"
+        if self.keys.shards == 1:
+            return await self._read_shard(0, count, block_ms)
+        if not self._unread:
+            await self._read_shards(count, block_ms)
+        out, self._unread = self._unread[:count], self._unread[count:]
+        return out
+
+    async def _read_shards(self, count: int, block_ms: int) -> None:
+        """Every shard's stream is read by a task of its own, blocking there (XREADGROUP cannot
+        read streams of several slots at once); what the first to answer read is handed out, and
+        a read still blocked on a quiet stream goes on into the next call."""
+        for shard in range(self.keys.shards):
+            if shard not in self._readers:
+                self._readers[shard] = asyncio.get_running_loop().create_task(self._read_shard(shard, count, block_ms))
+        await asyncio.wait(self._readers.values(), timeout=block_ms / 1000 + 1.0, return_when=asyncio.FIRST_COMPLETED)
+        failure: BaseException | None = None
+        for shard, task in list(self._readers.items()):
+            if not task.done():
+                continue
+            del self._readers[shard]
+            if task.cancelled():
+                continue
+            if (error := task.exception()) is not None:
+                failure = error
+                continue
+            self._unread += task.result()
+        if failure is not None and not self._unread:
+            raise failure
+
+    async def _read_shard(self, shard: int, count: int, block_ms: int) -> list[Entry]:
+        stream = self.keys.jobs(shard)
         try:
-            reply = await self.redis.xreadgroup(JOB_GROUP, self.worker, {JOBS: ">"}, count=count,
+            reply = await self.redis.xreadgroup(JOB_GROUP, self.worker, {stream: ">"}, count=count,
                                               block=block_ms if block_ms > 0 else None)  # BLOCK 0 would wait for ever
         except ResponseError as error:
             if "NOGROUP" not in str(error):
                 raise
-            await self.ensure_group()  # Redis restarted empty
+            await self._ensure_group(shard)  # Redis restarted empty, or a failover lost the group
             return []
-        return await self._decode([(eid, fields) for _stream, entries in reply or [] for eid, fields in entries])
+        return await self._decode(shard, [(eid, fields) for _stream, entries in reply or [] for eid, fields in entries])
 
     async def take_hints(self, count: int, partials: bool = True) -> list[Utterance]:
-        packed = await self._take_hints(keys=[HINTS, HINT_ORDER],
-                                        args=[count, int(partials), done_key(""), hint_audio_key("")])
+        packed: list[bytes] = []
+        # Shards in turn from where the last call stopped, until `count` are taken.
+        for i in range(self.keys.shards):
+            shard = (self._next_hint_shard + i) % self.keys.shards
+            packed += await self._take_hints(keys=[self.keys.hints(shard), self.keys.hint_order(shard)],
+                                             args=[count - len(packed) // 2, int(partials), self.keys.done(shard, ""),
+                                                   self.keys.hint_audio(shard, "")])
+            if len(packed) // 2 >= count:
+                self._next_hint_shard = (shard + 1) % self.keys.shards
+                break
         out = []
         for head, pcm in zip(packed[::2], packed[1::2]):
             try:
@@ -363,6 +492,7 @@ class RedisQueue:
             except JobError as error:
                 log.error("dropping a hint: %s", error)
                 continue
+            self._note(hint.utterance_id, hint.room_id)
             if now() - hint.end_of_speech_ts <= HINT_MAX_AGE_S:  # older: its gateway or student went away
                 out.append(hint)
         return out
@@ -372,18 +502,27 @@ class RedisQueue:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
             for utterance_id, speculation in speculations.items():
-                pipe.set(speculation_key(utterance_id), speculation.to_json(), ex=int(SPECULATION_TTL_S))
+                for shard in self._shards_of(utterance_id):
+                    pipe.set(self.keys.speculation(shard, utterance_id), speculation.to_json(), ex=int(SPECULATION_TTL_S))
             await pipe.execute()
 
     async def speculations(self, utterance_ids: list[str]) -> dict[str, Speculation]:
         if not utterance_ids:
             return {}
-        values = await self.redis.mget([speculation_key(uid) for uid in utterance_ids])
-        return {uid: Speculation.from_json(v) for uid, v in zip(utterance_ids, values) if v}
+        asked = [(uid, shard) for uid in utterance_ids for shard in self._shards_of(uid)]
+        if self.keys.shards == 1:
+            values = await self.redis.mget([self.keys.speculation(0, uid) for uid in utterance_ids])
+        else:  # MGET takes the keys of one slot only
+            async with self.redis.pipeline() as pipe:
+                for uid, shard in asked:
+                    pipe.get(self.keys.speculation(shard, uid))
+                values = await pipe.execute()
+        return {uid: Speculation.from_json(v) for (uid, _shard), v in zip(asked, values) if v}
 
     async def publish_partial(self, event: TranscriptPartialEvent) -> bool:
-        return bool(await self._partial(keys=[done_key(event.utterance_id)],
-                                        args=[room_channel(event.room_id), event.to_json()]))
+        shard = self._note(event.utterance_id, event.room_id)
+        return bool(await self._partial(keys=[self.keys.done(shard, event.utterance_id)],
+                                        args=[self.keys.room_channel(event.room_id), event.to_json()]))
 
     async def heartbeat(self, stats: dict[str, Any]) -> None:
         assert self.worker
@@ -394,7 +533,7 @@ class RedisQueue:
 
     async def _connected_workers(self) -> set[str] | None:
         """The client names of the connections open to Redis now, or None where CLIENT LIST is not
-        allowed (a managed Redis, an ACL user without it): then only heartbeats tell."""
+        allowed (a managed Redis, an ACL user without it, a cluster): then only heartbeats tell."""
         if not self._client_list_allowed:
             return None
         try:
@@ -407,8 +546,22 @@ class RedisQueue:
 
     async def claim_orphans(self, count: int = 256) -> list[Entry]:
         assert self.worker
+        claimed: list[Entry] = []
+        for shard in range(self.keys.shards):
+            claimed += await self._claim_orphans(shard, count)
+        return claimed
+
+    async def _claim_orphans(self, shard: int, count: int) -> list[Entry]:
+        assert self.worker
+        stream = self.keys.jobs(shard)
         claimed: list[tuple[bytes, dict]] = []
-        consumers = await self.redis.xinfo_consumers(JOBS, JOB_GROUP)
+        try:
+            consumers = await self.redis.xinfo_consumers(stream, JOB_GROUP)
+        except ResponseError as error:
+            if "NOGROUP" not in str(error) and "no such key" not in str(error):
+                raise
+            await self._ensure_group(shard)
+            return []
         connected = await self._connected_workers() if any(int(c["pending"]) for c in consumers) else None
         for consumer in consumers:
             name = consumer["name"].decode() if isinstance(consumer["name"], bytes) else consumer["name"]
@@ -423,48 +576,58 @@ class RedisQueue:
                 # starting (or whose beat lapsed briefly) may be reading right now, and deleting
                 # a consumer throws away its pending jobs.
                 if int(consumer.get("idle", 0)) >= FORGET_IDLE_MS:
-                    await self.redis.xgroup_delconsumer(JOBS, JOB_GROUP, name)
-                    await self.redis.hdel(WORKERS, name)
+                    await self.redis.xgroup_delconsumer(stream, JOB_GROUP, name)
+                    if shard == self.keys.shards - 1:  # its stats go once no stream knows it
+                        await self.redis.hdel(WORKERS, name)
                 continue
-            pending = await self.redis.xpending_range(JOBS, JOB_GROUP, "-", "+", count, consumername=name)
+            pending = await self.redis.xpending_range(stream, JOB_GROUP, "-", "+", count, consumername=name)
             ids = [p["message_id"] for p in pending]
             if ids:
-                got = await self.redis.xclaim(JOBS, JOB_GROUP, self.worker, CLAIM_MIN_IDLE_MS, ids)
+                got = await self.redis.xclaim(stream, JOB_GROUP, self.worker, CLAIM_MIN_IDLE_MS, ids)
                 claimed += [(eid, fields) for eid, fields in got if fields]
                 log.warning("claimed %d jobs of worker %s (%s)", len(got), name,
                             "its connections closed" if gone else "no heartbeat")
-        _next, stale, *_ = await self.redis.xautoclaim(JOBS, JOB_GROUP, self.worker, self.visibility_ms, "0-0", count=count)
+        _next, stale, *_ = await self.redis.xautoclaim(stream, JOB_GROUP, self.worker, self.visibility_ms, "0-0", count=count)
         claimed += [(eid, fields) for eid, fields in stale if fields]
-        return await self._decode(claimed)
+        return await self._decode(shard, claimed)
 
     async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
-        keys = [done_key(u.utterance_id), history_key(u.room_id), JOBS, BACKLOG, transcript_key(u.room_id),
-                spoken_key(u.room_id, spoken_of(event.student_id, event.stream_clock)), hint_audio_key(u.utterance_id)]
+        shard, stream_id = self._stream_id(entry_id)
+        keys = [self.keys.done(shard, u.utterance_id), self.keys.history(u.room_id), self.keys.jobs(shard),
+                self.keys.backlog(shard), self.keys.transcript(u.room_id),
+                self.keys.spoken(u.room_id, spoken_of(event.student_id, event.stream_clock)),
+                self.keys.hint_audio(shard, u.utterance_id)]
         event_json = event.to_json()
-        args = [room_channel(u.room_id), event_json, self.history_len, JOB_GROUP, entry_id, int(DONE_TTL_S), HISTORY_FIELD,
-                *backlog_fields(u.room_id, u.student_id), int(is_final_transcript(event_json)), self.transcript_retention_s,
-                *span_args(event)]
-        return bool(await self._complete(keys=keys, args=args))
+        args = [self.keys.room_channel(u.room_id), event_json, self.history_len, JOB_GROUP, stream_id, int(DONE_TTL_S),
+                HISTORY_FIELD, *backlog_fields(u.room_id, u.student_id), int(is_final_transcript(event_json)),
+                self.transcript_retention_s, *span_args(event)]
+        reply, token = await self._replicated(self._complete, keys, args, f"{self.worker}/{entry_id}")
+        return await self._publish_after(u.room_id, event_json, reply, token)
 
     async def attempt(self, entry_id: str) -> int:
-        key = attempts_key(entry_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
+        shard, _ = self._stream_id(entry_id)
+        key = self.keys.attempts(shard, entry_id)
+        async with self.redis.pipeline(transaction=not is_cluster(self.redis)) as pipe:
             pipe.incr(key)
             pipe.expire(key, int(DONE_TTL_S))
             count, _ = await pipe.execute()
         return int(count)
 
     async def drop(self, entry_id: str) -> None:
-        await self.redis.xack(JOBS, JOB_GROUP, entry_id)
-        await self.redis.xdel(JOBS, entry_id)
+        shard, stream_id = self._stream_id(entry_id)
+        await self.redis.xack(self.keys.jobs(shard), JOB_GROUP, stream_id)
+        await self.redis.xdel(self.keys.jobs(shard), stream_id)
 
-    async def _decode(self, raw: list[tuple[bytes, dict]]) -> list[Entry]:
+    async def _decode(self, shard: int, raw: list[tuple[bytes, dict]]) -> list[Entry]:
         out: list[Entry] = []
         for eid, fields in raw:
-            entry_id = eid.decode() if isinstance(eid, bytes) else eid
+            entry_id = self._entry_id(shard, eid.decode() if isinstance(eid, bytes) else eid)
             try:
-                out.append((entry_id, decode_job(fields)))
+                u = decode_job(fields)
             except JobError as error:  # written by something else: never retried
                 log.error("dropping stream entry %s: %s", entry_id, error)
                 await self.drop(entry_id)
+                continue
+            self._note(u.utterance_id, u.room_id)
+            out.append((entry_id, u))
         return out
