@@ -20,7 +20,7 @@ from engines.tensorrt import builder as tensorrt_builder
 from engines.tensorrt.profiles import ProfileSettings
 from engines.weights import DEFAULT_MODEL
 from engines.weights import MODELS as PACKAGED_MODELS
-from streamserver import __version__
+from streamserver import __version__, processes
 from streamserver.audio.segmenter import HANGOVER_MS_RANGE, SegmenterConfig
 from streamserver.bus.keys import TRANSCRIPT_RETENTION_S
 from streamserver.cli_env import configure_logging, defaults_from_env
@@ -133,6 +133,13 @@ _positive_seconds = _bounded(float, 0, 3600, "a number of seconds", "s", above=T
 _hangover_ms = _bounded(int, *HANGOVER_MS_RANGE, "a whole number of milliseconds", "ms")
 _partial_interval_ms = _bounded(int, *PARTIAL_INTERVAL_MS_RANGE, "a whole number of milliseconds", "ms")
 _retention_days = _bounded(float, 1 / 24, 3650, "a number of days", "days", span="1 hour .. 10 years")
+
+
+def _processes(text: str) -> int:
+    try:
+        return processes.processes_arg(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count of at least 1 or auto, got {text!r}") from None
 
 
 def _threads(given: int | None, most: int = THREADS_MAX) -> int:
@@ -331,11 +338,13 @@ def _run_server(app, settings, args: argparse.Namespace, classroom, tls=None) ->
     from streamserver.logs import set_process_fields
     from streamserver.transport.udp import use_draining_loop
 
-    if args.metrics_port is not None:
+    index = processes.child_index()  # one of `gateway --processes`: its port shared with its siblings
+    metrics_port = None if args.metrics_port is None else args.metrics_port + (index or 0)
+    if metrics_port is not None:
         async def metrics_site(app: web.Application):  # noqa: ANN202 - an aiohttp cleanup context
             runner = web.AppRunner(metrics_app(classroom.metrics), access_log=None)
             await runner.setup()
-            await web.TCPSite(runner, args.metrics_host, args.metrics_port).start()
+            await web.TCPSite(runner, args.metrics_host, metrics_port).start()
             yield
             await runner.cleanup()
 
@@ -348,7 +357,8 @@ def _run_server(app, settings, args: argparse.Namespace, classroom, tls=None) ->
     set_process_fields(gateway=settings.gateway_name)  # on every JSON log line (streamserver/logs.py)
     use_draining_loop()  # UDP sockets read until empty each turn: a late turn is made up (transport/udp.py)
     web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None,
-                keepalive_timeout=args.header_timeout, ssl_context=tls.context() if tls else None)
+                keepalive_timeout=args.header_timeout, ssl_context=tls.context() if tls else None,
+                reuse_port=index is not None)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -397,6 +407,9 @@ def _gateway(args: argparse.Namespace) -> int:
                          fallback_model=args.fallback_model, fallback_after_s=args.fallback_after)
     if not _secret_check(settings, "gateway") or not _redis_check(settings.redis_url, settings.redis_ca):
         return 2
+    if args.processes > 1 and processes.child_index() is None:  # the parent only starts and stops them
+        _progress(f"gateway: {args.processes} processes on {'https' if tls else 'http'}://{settings.host}:{settings.port}")
+        return processes.run_children(args.argv, args.processes)
     fallback = None
     if settings.fallback_model:  # loaded now, so that the first outage pays no start-up
         threads = _threads(args.fallback_threads, FALLBACK_THREADS_MAX)
@@ -576,7 +589,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    defaults_from_env(parser, argv=list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    defaults_from_env(parser, argv=argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # `gateway --processes` starts its children with it
     configure_logging(args.log_level, args.log_format)
     return int(args.handler(args))

@@ -23,9 +23,14 @@ PARTIAL_MODES = ("auto", "on", "off")
 THREADS_MAX = 4  # inference threads, unless given: the CPU's cores up to this many
 
 
+def machine_cores() -> int:
+    """The cores this process may run on (a container's CPU set, where it has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def default_threads(most: int = THREADS_MAX) -> int:
     """The CPU's cores, at most `most`: what an engine runs on unless told otherwise."""
-    return min(most, os.cpu_count() or 1)
+    return min(most, machine_cores())
 
 
 @dataclass(frozen=True)

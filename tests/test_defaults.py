@@ -73,6 +73,7 @@ COMPUTED: dict[tuple[str, str], tuple[Any, str, Any]] = {
 AT_START = {(c, "threads") for c in ("transcribe", "serve", "worker")} | {("gateway", "fallback_threads")}
 # Defaults that only the command line has: written once, there.
 CLI_OWN = {("", "log_level"), ("", "log_format"), ("transcribe", "language"), ("engine build", "backend"),
+           ("gateway", "processes"),
            *((c, "header_timeout") for c in SERVER)}
 # Other names a sourced default goes by in the code (a parameter that takes it).
 ALIASES = {(Settings, "fallback_after_s"): ("after_s",)}
@@ -271,13 +272,14 @@ def test_no_second_literal_of_a_default_in_the_code(owner: Any, attribute: str):
 
 
 def test_the_machine_is_asked_for_its_cores_in_one_place():
-    """config.default_threads() is where a thread count is worked out of the CPU count."""
-    lines, first = inspect.getsourcelines(config.default_threads)
+    """config.machine_cores() is where the CPU count is asked for (threads and processes are
+    worked out of it)."""
+    lines, first = inspect.getsourcelines(config.machine_cores)
     home = range(first, first + len(lines))
     elsewhere = [f"{path.relative_to(ROOT)}:{node.lineno}" for path, tree in SCANNED[False] for node in ast.walk(tree)
                  if isinstance(node, ast.Call) and ast.unparse(node.func) == "os.cpu_count"
                  and not (path == ROOT / "streamserver" / "config.py" and node.lineno in home)]
-    assert not elsewhere, f"the CPU count is asked for outside config.default_threads: {elsewhere}"
+    assert not elsewhere, f"the CPU count is asked for outside config.machine_cores: {elsewhere}"
 
 
 # --- the bounded numbers of the command line ------------------------------------------------------
