@@ -97,12 +97,7 @@ def _warm_engine_and_intent(model: str, backend: str, threads: int):  # noqa: AN
     except (WeightsError, BackendUnavailable, ValueError) as error:
         _progress(f"error: {error}")
         return None
-    # On a GPU each new batch shape loads its kernels at first use (CUDA loads them lazily), a
-    # fresh machine's from files not yet in its page cache: paid here, not by the first class.
-    sizes = (1, 2, 4, 8, 16, 32, 64) if engine.batch_rows_cheap else (1,)
-    for size in sizes:
-        for words in (3, 12, 40):
-            intent.classify([" ".join(["question"] * words)] * size)
+    intent.classify(["warm up"])  # the worker's calibration warms every batch size, in its own thread
     return engine, intent
 
 

@@ -38,10 +38,12 @@ class BatchRecogniser:
     on a GPU worker the labels can cost more time than the engine (benchmarks/README.md,
     "Intent labels on the GPU")."""
 
-    def __init__(self, engine: Engine, intent: IntentClassifier | None, metrics: Metrics) -> None:
+    def __init__(self, engine: Engine, intent: IntentClassifier | None, metrics: Metrics,
+                 executor: ThreadPoolExecutor | None = None) -> None:
         self.engine, self.intent, self.metrics = engine, intent, metrics
         # One thread: the engine serves one batch at a time.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
+        self._own_executor = executor is None
+        self._executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
         self.last_seconds: dict[str, float] = {}  # the last run()'s time by part: engine, intent
 
     def _spent(self, part: str, started: float) -> None:
@@ -50,8 +52,15 @@ class BatchRecogniser:
         self.metrics.recognition_seconds.labels(part=part).inc(seconds)
         self.last_seconds[part] = self.last_seconds.get(part, 0.0) + seconds
 
+    def uncounted(self) -> BatchRecogniser:
+        """This recogniser on its own thread, its time not counted as work (a warm-up): a GPU
+        library's state is per thread (cuBLAS handles, workspaces), so a warm-up in any other
+        thread leaves the first real batch to pay for it (1 s of labels on a fresh H200)."""
+        return BatchRecogniser(self.engine, self.intent, Metrics(), self._executor)
+
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._own_executor:
+            self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, batch: list[Entry]) -> list[Result]:
         """Partials (live captions) get no intent label: only finals and speculations do."""

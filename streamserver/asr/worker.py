@@ -153,7 +153,7 @@ class AsrWorker:
         sizes = [1]
         while self.engine.batch_rows_cheap and sizes[-1] < self.max_batch:
             sizes.append(min(2 * sizes[-1], self.max_batch))
-        recogniser = BatchRecogniser(self.engine, self.recogniser.intent, Metrics())  # not counted as work
+        recogniser = self.recogniser.uncounted()
         try:
             speech = [load_audio(path) for path in sorted(CLIPS_DIR.glob("*.wav"))]
             for rows in sizes:
