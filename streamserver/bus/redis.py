@@ -7,7 +7,8 @@ both seat keys expire with their last lease.
 The hiredis parser is used: redis-py picks it by default whenever hiredis is installed.
 On a Redis Cluster (bus/connect.py) a room's keys share its shard's hash tag (keys.KeyLayout), so
 that each script here touches one slot; its events go out with plain PUBLISH, which the cluster
-carries to every node, so a subscriber connected to any node gets them.
+carries to every node, so a subscriber connected to any node gets them: the bus's subscriptions
+share a plain connection pool to one node, and move to another when that node fails.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import AsyncIterator
 
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 
 from streamserver.bus.connect import REDIS_FAILURES, is_cluster, redis_client, topology
@@ -163,6 +166,9 @@ class RedisBus:
         )
         self._cluster = is_cluster(self._redis)
         self.keys = KeyLayout(CLUSTER_SHARDS if topology(url) == "cluster" else 1)
+        self._node_turn = 0  # which of the cluster's nodes the subscriptions use now
+        self._node_client: aioredis.Redis | None = None  # a plain client of that node
+        self._node_clients: list[aioredis.Redis] = []  # every one made, closed by close()
         self._publish_many = self._redis.register_script(_PUBLISH_MANY)
         self._save_room = self._redis.register_script(_SAVE_ROOM)
         self._take_seat = self._redis.register_script(_TAKE_SEAT)
@@ -199,7 +205,7 @@ class RedisBus:
         delivered: collections.deque[str] = collections.deque(maxlen=max(self._history_len, 1))
         replayed: collections.Counter[str] = collections.Counter()  # replayed, may still come by pub/sub
         while not self._closed:
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            pubsub, node = await self._pubsub()
             try:
                 if mark is None:
                     # Read before SUBSCRIBE, so that an event published right after SUBSCRIBE whose
@@ -234,6 +240,9 @@ class RedisBus:
                 if self._closed:  # close() tore the connection down under us
                     return
                 lost = True
+                if node is not None and node is self._node_client:  # the next subscription tries another node
+                    self._node_client = None
+                    self._node_turn += 1
                 log.warning(
                     "subscription to %s lost (%s: %s); resubscribing in %.1fs",
                     channel,
@@ -249,6 +258,23 @@ class RedisBus:
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._backoff_max_s)
+
+    async def _pubsub(self) -> tuple[PubSub, aioredis.Redis | None]:
+        """A pub/sub of the room's channel, and on a cluster the node client it is on. A cluster's
+        PUBLISH reaches every node, so any node will do: a plain client of one (redis-py's cluster
+        pub/sub lends subscribed connections out of the node's command pool)."""
+        if not isinstance(self._redis, RedisCluster):
+            return self._redis.pubsub(ignore_subscribe_messages=True), None
+        if self._node_client is None:
+            if not self._redis.get_nodes():
+                await self._redis.initialize()
+            nodes = sorted(self._redis.get_nodes(), key=lambda n: n.name)
+            node = nodes[self._node_turn % len(nodes)]
+            options = {k: v for k, v in node.connection_kwargs.items() if k != "retry"}
+            self._node_client = aioredis.Redis(
+                connection_pool=aioredis.ConnectionPool(connection_class=node.connection_class, **options))
+            self._node_clients.append(self._node_client)
+        return self._node_client.pubsub(ignore_subscribe_messages=True), self._node_client
 
     async def _history_end(self, room_id: str) -> str:
         newest = await self._redis.xrevrange(self.keys.history(room_id), count=1)
@@ -348,4 +374,6 @@ class RedisBus:
 
     async def close(self) -> None:
         self._closed = True
+        for client in self._node_clients:
+            await client.aclose()
         await self._redis.aclose()  # closes the pool too: the client created it (from_url)

@@ -1,0 +1,123 @@
+"""Issue 31: the key layout of a Redis Cluster and the queue and bus on a real one (3 primaries,
+3 replicas, started by the test): each script's keys in one slot, rooms spread over every
+primary, every job read from its shard's stream and published once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+
+import numpy as np
+import pytest
+from redis.crc import key_slot
+
+from streamserver.bus import keys as k
+from streamserver.bus.connect import parse_replicated, redacted, topology
+from streamserver.bus.keys import CLUSTER_SHARDS, KeyLayout
+from streamserver.bus.redis import RedisBus
+from streamserver.events import TranscriptEvent, Utterance
+from streamserver.queue.redis_queue import RedisQueue
+from tests.redis_cluster import RedisClusterServers, cluster_tools_missing
+from tests.system_packages import require_system
+
+
+def test_a_single_redis_keeps_its_key_names():
+    layout = KeyLayout(1)
+    assert (layout.jobs(0), layout.backlog(0), layout.hints(0), layout.hint_order(0)) == (k.JOBS, k.BACKLOG, k.HINTS, k.HINT_ORDER)
+    assert layout.history("r1") == k.history_key("r1") == "room:r1:history"
+    assert layout.room_channel("r1") == k.room_channel("r1") and layout.seats("r1") == k.seat_keys("r1")
+    assert layout.done(0, "u1") == k.done_key("u1") and layout.hint_audio(0, "u1") == k.hint_audio_key("u1")
+    assert layout.spoken("r1", "s:c") == k.spoken_key("r1", "s:c") and layout.sent("r1", "s:c") == k.sent_key("r1", "s:c")
+
+
+def test_a_rooms_keys_and_its_jobs_share_one_slot_and_shards_spread_evenly():
+    layout = KeyLayout(CLUSTER_SHARDS)
+    for room in (f"room-{i}" for i in range(50)):
+        shard = layout.shard(room)
+        names = [layout.jobs(shard), layout.backlog(shard), layout.hints(shard), layout.hint_order(shard), layout.history(room),
+                 layout.transcript(room), layout.meta(room), *layout.seats(room), layout.spoken(room, "s:c"),
+                 layout.sent(room, "s:c"), layout.done(shard, "u"), layout.hint_audio(shard, "u"), layout.speculation(shard, "u"),
+                 layout.attempts(shard, "1-0"), layout.room_channel(room)]
+        assert len({key_slot(n.encode()) for n in names}) == 1, names
+    # shard i hashes into the i-th twelfth of the slots: four shards in each third
+    slots = [key_slot(layout.jobs(s).encode()) for s in range(CLUSTER_SHARDS)]
+    assert [slot * CLUSTER_SHARDS // 16384 for slot in slots] == list(range(CLUSTER_SHARDS))
+    assert [sum(1 for slot in slots if slot * 3 // 16384 == third) for third in range(3)] == [4, 4, 4]
+
+
+def test_replicated_urls_are_read_and_redacted():
+    address = parse_replicated("rediss+sentinel://app:s3cret@10.0.0.1:26379,10.0.0.2:26380/classroom")
+    assert address is not None
+    assert (address.topology, address.hosts, address.username, address.password, address.tls, address.master) == (
+        "sentinel", (("10.0.0.1", 26379), ("10.0.0.2", 26380)), "app", "s3cret", True, "classroom")
+    assert redacted("redis+cluster://app:s3cret@h1:7000,h2:7001") == "redis+cluster://app:***@h1:7000,h2:7001"
+    assert topology("redis+cluster://h1:7000") == "cluster" and topology("redis://h:6379/0") == "single"
+    for bad in ("redis+sentinel://h:1", "redis+cluster://h", "redis+mesh://h:1"):
+        with pytest.raises(ValueError):
+            parse_replicated(bad)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    require_system("redis-server (Debian's, with redis-cli)", cluster_tools_missing())
+    with RedisClusterServers(primaries=3) as servers:
+        yield servers
+
+
+def test_jobs_of_rooms_on_every_primary_are_read_and_published_once(cluster):
+    rooms = [f"c-{uuid.uuid4().hex[:8]}" for _ in range(24)]
+
+    async def scenario() -> tuple[list[dict], dict[str, bool], list[str], int, dict[str, int]]:
+        gateway, worker, bus = RedisQueue(cluster.url), RedisQueue(cluster.url, "cluster-worker"), RedisBus(cluster.url)
+        got: list[dict] = []
+        listeners = []
+        try:
+            await worker.ensure_group()
+            for room in rooms:
+                stream = bus.subscribe(room)
+
+                async def listen(stream=stream) -> None:  # noqa: ANN001 - one room's events
+                    async with contextlib.aclosing(stream):
+                        async for event in stream:
+                            got.append(json.loads(event))
+
+                listeners.append(asyncio.create_task(listen()))
+            await asyncio.sleep(1.0)
+            counted = sum([await bus.subscriber_count(room) for room in rooms])
+            utterances = {}
+            for i, room in enumerate(rooms):
+                u = Utterance(f"u{i:03d}-{uuid.uuid4().hex[:8]}", room, f"s{i}", "S", "en", np.zeros(1600, np.float32), 1.0, 2.0)
+                utterances[u.utterance_id] = u
+                await gateway.submit(u)
+            backlog = await gateway.backlog()
+            read: list = []
+            while len(read) < len(rooms):
+                read += await worker.read(8, 200)
+            firsts = {u.utterance_id: await worker.complete(eid, u, TranscriptEvent.of(u, "hi", "en")) for eid, u in read}
+            seconds = [await worker.complete(eid, u, TranscriptEvent.of(u, "hi", "en")) for eid, u in read]
+            done = await gateway.done_of(list(utterances))
+            await asyncio.sleep(1.0)
+            assert await gateway.depth() == 0 and await gateway.backlog() == {}
+            assert done == set(utterances) and not any(seconds)
+            return got, firsts, [eid for eid, _ in read], counted, backlog
+        finally:
+            for task in listeners:
+                task.cancel()
+            await asyncio.gather(*listeners, return_exceptions=True)
+            await bus.close()
+            await gateway.close()
+            await worker.close()
+
+    got, firsts, entry_ids, subscribers, backlog = asyncio.run(scenario())
+    assert subscribers == len(rooms)  # one subscription a room, counted over every node
+    assert backlog == {room: 1 for room in rooms}
+    assert all(firsts.values()) and len(firsts) == len(rooms)
+    transcripts = [e for e in got if e["type"] == "transcript"]
+    assert sorted(e["utterance_id"] for e in transcripts) == sorted(firsts)  # each once
+    layout = KeyLayout(CLUSTER_SHARDS)
+    shards = {int(eid.partition("@")[2]) for eid in entry_ids}
+    assert shards == {layout.shard(room) for room in rooms}
+    owners = {cluster.owner(key_slot(layout.jobs(shard).encode())) for shard in shards}
+    assert owners == set(cluster.primaries())  # the rooms' jobs lay on every primary
