@@ -169,7 +169,9 @@ def main() -> int:
     p.add_argument("--worker-args", default="", metavar="ARGS",
                    help="more arguments for every worker, one shell-quoted string (e.g. \"--backend torch-cuda --max-batch 64\"; "
                    "a flag given here overrides the one built from --model/--backend/--threads/--max-batch)")
-    p.add_argument("--gateways", type=int, default=1, metavar="G", help="gateway processes; the simulator's rooms are spread over them")
+    p.add_argument("--gateways", type=int, default=1, metavar="G", help="gateway commands; the simulator's rooms are spread over them")
+    p.add_argument("--gateway-processes", default="1", metavar="N|auto",
+                   help="each gateway command's --processes: N gateways on its one port (auto: one per core)")
     p.add_argument("--vad-hangover-ms", type=int, metavar="MS", help=f"the gateways' --vad-hangover-ms (default: theirs, {SegmenterConfig.hangover_ms})")
     p.add_argument("--loadsim-processes", type=int, default=LoadConfig.processes, metavar="P", help="the simulator's --processes")
     p.add_argument("--transport", choices=("ws", "webrtc"), default=LoadConfig.transport, help="how the simulated students send audio")
@@ -218,7 +220,8 @@ def main() -> int:
             port = free_port()
             name = "gateway" if args.gateways == 1 else f"gateway-{i}"
             g = subprocess.Popen(
-                EXE + ["gateway", "--port", str(port), "--redis-url", redis.url, "--ice-host", "127.0.0.1", *hangover],
+                EXE + ["gateway", "--port", str(port), "--redis-url", redis.url, "--ice-host", "127.0.0.1",
+                       "--processes", args.gateway_processes, *hangover],
                 env=env, stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT,
             )
             procs.append(g)

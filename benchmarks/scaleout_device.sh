@@ -14,7 +14,8 @@
 # Chunks are looked for in $STAGE (/root/stage6) and in ./.stage6/*/ alike.
 #
 # Every setting is an environment variable (defaults: the issue-6 must-show):
-#   STUDENTS=2000 DURATION=60 SPEAK_RATIO=0.1 ROOMS=20 GATEWAYS=8 PROCESSES=6 HANGOVER_MS=500 TRANSPORT=ws|webrtc
+#   STUDENTS=2000 DURATION=60 SPEAK_RATIO=0.1 ROOMS=20 GATEWAYS=8 (gateway commands)
+#   GATEWAY_PROCESSES=1 (each command's --processes: GATEWAYS=1 GATEWAY_PROCESSES=auto is one command on every core) PROCESSES=6 HANGOVER_MS=500 TRANSPORT=ws|webrtc
 #   BACKEND=torch-cuda MODEL=tiny.en WORKERS=1 THREADS=4 (intent labels' CPU threads) MAX_BATCH=64
 #   WORKER_ARGS="" (more worker flags)  READY_TIMEOUT=300 (s for the worker's /readyz: the GPU
 #   engine compiles for 1-2 minutes)  NAME=scaleout-h200  OUT (the device tool sets it)
@@ -39,7 +40,7 @@ set -u
 cd "$(dirname "$0")/.."
 : "${OUT:=/tmp/scaleout-out}"
 STUDENTS=${STUDENTS:-2000}; DURATION=${DURATION:-60}; SPEAK_RATIO=${SPEAK_RATIO:-0.1}; ROOMS=${ROOMS:-20}
-GATEWAYS=${GATEWAYS:-8}; PROCESSES=${PROCESSES:-6}; HANGOVER_MS=${HANGOVER_MS:-500}
+GATEWAYS=${GATEWAYS:-8}; GATEWAY_PROCESSES=${GATEWAY_PROCESSES:-1}; PROCESSES=${PROCESSES:-6}; HANGOVER_MS=${HANGOVER_MS:-500}
 BACKEND=${BACKEND:-torch-cuda}; MODEL=${MODEL:-tiny.en}; WORKERS=${WORKERS:-1}; THREADS=${THREADS:-4}
 MAX_BATCH=${MAX_BATCH:-64}; WORKER_ARGS=${WORKER_ARGS:-}; READY_TIMEOUT=${READY_TIMEOUT:-300}
 NAME=${NAME:-scaleout-h200}; PYTHON=${PYTHON:-python3}; TRANSPORT=${TRANSPORT:-ws}
@@ -116,7 +117,7 @@ EOF
 
 # -- 3. the scale-out run ----------------------------------------------------------------------
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true  # ~2,000 sockets
-say "ulimit -n $(ulimit -n); $STUDENTS students, $ROOMS rooms, $GATEWAYS gateways, $PROCESSES simulator processes," \
+say "ulimit -n $(ulimit -n); $STUDENTS students, $ROOMS rooms, $GATEWAYS gateway commands (--processes $GATEWAY_PROCESSES), $PROCESSES simulator processes," \
     "$WORKERS x $BACKEND $MODEL worker, speak ratio $SPEAK_RATIO, ${DURATION}s, VAD hangover ${HANGOVER_MS} ms"
 rm -rf "$LOGS" "$OUT/$NAME"
 export STREAMSERVER_ADMIN_TOKEN=${STREAMSERVER_ADMIN_TOKEN:-scaleout-device} PYTHONUNBUFFERED=1
@@ -151,7 +152,7 @@ if [ "${PROFILE:-0}" = 1 ]; then  # py-spy samples gateway-0 and worker-0 (the p
     say "profiling with ${SCALEOUT_PYSPY:-(no py-spy found)}"
 fi
 "$PYTHON" -m benchmarks.scaleout --students "$STUDENTS" --duration "$DURATION" --rooms "$ROOMS" \
-    --speak-ratio "$SPEAK_RATIO" --gateways "$GATEWAYS" --loadsim-processes "$PROCESSES" --transport "$TRANSPORT" \
+    --speak-ratio "$SPEAK_RATIO" --gateways "$GATEWAYS" --gateway-processes "$GATEWAY_PROCESSES" --loadsim-processes "$PROCESSES" --transport "$TRANSPORT" \
     --workers "$WORKERS" --threads "$THREADS" --max-batch "$MAX_BATCH" --model "$MODEL" --backend "$BACKEND" \
     --worker-args="$WORKER_ARGS" --vad-hangover-ms "$HANGOVER_MS" --ready-timeout "$READY_TIMEOUT" \
     ${NO_AOF:+--no-aof} --logs "$LOGS" --out "$OUT/$NAME"
