@@ -163,7 +163,7 @@ def main() -> int:
     p.add_argument("--speak-ratio", type=float, default=LoadConfig.speak_ratio)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="per worker")
-    p.add_argument("--max-batch", type=int, default=Settings.max_batch, help="per worker")
+    p.add_argument("--max-batch", type=int, help="per worker (default: the worker's, by its engine)")
     p.add_argument("--model", default=Settings.model)
     p.add_argument("--backend", default=Settings.backend)
     p.add_argument("--worker-args", default="", metavar="ARGS",
@@ -231,7 +231,7 @@ def main() -> int:
             mport = free_port()
             w = subprocess.Popen(
                 EXE + ["worker", "--redis-url", redis.url, "--model", args.model, "--backend", args.backend,
-                       "--threads", str(args.threads), "--max-batch", str(args.max_batch), "--name", name,
+                       "--threads", str(args.threads), *(["--max-batch", str(args.max_batch)] if args.max_batch else []), "--name", name,
                        "--metrics-port", str(mport), *shlex.split(args.worker_args)],
                 env=env, stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT,
             )

@@ -16,7 +16,7 @@
 # Every setting is an environment variable (defaults: the issue-6 must-show):
 #   STUDENTS=2000 DURATION=60 SPEAK_RATIO=0.1 ROOMS=20 GATEWAYS=8 (gateway commands)
 #   GATEWAY_PROCESSES=1 (each command's --processes: GATEWAYS=1 GATEWAY_PROCESSES=auto is one command on every core) PROCESSES=6 HANGOVER_MS=500 TRANSPORT=ws|webrtc
-#   BACKEND=torch-cuda MODEL=tiny.en WORKERS=1 THREADS=4 (intent labels' CPU threads) MAX_BATCH=64
+#   BACKEND=torch-cuda MODEL=tiny.en WORKERS=1 THREADS=4 (intent labels' CPU threads) MAX_BATCH (default: the worker's)
 #   WORKER_ARGS="" (more worker flags)  READY_TIMEOUT=300 (s for the worker's /readyz: the GPU
 #   engine compiles for 1-2 minutes)  NAME=scaleout-h200  OUT (the device tool sets it)
 #   PYTHON=python3  STAGE=/root/stage6  SITE=/tmp/site6  INSTALL=auto|yes|no
@@ -42,7 +42,7 @@ cd "$(dirname "$0")/.."
 STUDENTS=${STUDENTS:-2000}; DURATION=${DURATION:-60}; SPEAK_RATIO=${SPEAK_RATIO:-0.1}; ROOMS=${ROOMS:-20}
 GATEWAYS=${GATEWAYS:-8}; GATEWAY_PROCESSES=${GATEWAY_PROCESSES:-1}; PROCESSES=${PROCESSES:-6}; HANGOVER_MS=${HANGOVER_MS:-500}
 BACKEND=${BACKEND:-torch-cuda}; MODEL=${MODEL:-tiny.en}; WORKERS=${WORKERS:-1}; THREADS=${THREADS:-4}
-MAX_BATCH=${MAX_BATCH:-64}; WORKER_ARGS=${WORKER_ARGS:-}; READY_TIMEOUT=${READY_TIMEOUT:-300}
+MAX_BATCH=${MAX_BATCH:-}; WORKER_ARGS=${WORKER_ARGS:-}; READY_TIMEOUT=${READY_TIMEOUT:-300}
 NAME=${NAME:-scaleout-h200}; PYTHON=${PYTHON:-python3}; TRANSPORT=${TRANSPORT:-ws}
 STAGE=${STAGE:-/root/stage6}; SITE=${SITE:-/tmp/site6}; INSTALL=${INSTALL:-auto}
 LOGS=/tmp/$NAME-logs
@@ -153,7 +153,7 @@ if [ "${PROFILE:-0}" = 1 ]; then  # py-spy samples gateway-0 and worker-0 (the p
 fi
 "$PYTHON" -m benchmarks.scaleout --students "$STUDENTS" --duration "$DURATION" --rooms "$ROOMS" \
     --speak-ratio "$SPEAK_RATIO" --gateways "$GATEWAYS" --gateway-processes "$GATEWAY_PROCESSES" --loadsim-processes "$PROCESSES" --transport "$TRANSPORT" \
-    --workers "$WORKERS" --threads "$THREADS" --max-batch "$MAX_BATCH" --model "$MODEL" --backend "$BACKEND" \
+    --workers "$WORKERS" --threads "$THREADS" ${MAX_BATCH:+--max-batch "$MAX_BATCH"} --model "$MODEL" --backend "$BACKEND" \
     --worker-args="$WORKER_ARGS" --vad-hangover-ms "$HANGOVER_MS" --ready-timeout "$READY_TIMEOUT" \
     ${NO_AOF:+--no-aof} --logs "$LOGS" --out "$OUT/$NAME"
 rc=$?

@@ -24,7 +24,7 @@ from streamserver import __version__, processes
 from streamserver.audio.segmenter import HANGOVER_MS_RANGE, SegmenterConfig
 from streamserver.bus.keys import TRANSCRIPT_RETENTION_S
 from streamserver.cli_env import configure_logging, defaults_from_env
-from streamserver.config import PARTIAL_MODES, THREADS_MAX, Bounds, Settings, default_threads
+from streamserver.config import GPU_MAX_BATCH, PARTIAL_MODES, THREADS_MAX, Bounds, Settings, default_threads
 from streamserver.loadsim import cli as loadsim_cli
 
 MODELS = tuple(PACKAGED_MODELS)
@@ -435,7 +435,8 @@ def _worker(args: argparse.Namespace) -> int:
     if loaded is None:
         return 2
     engine, intent = loaded
-    worker_process.main(engine, intent, args.redis_url, args.max_batch, args.name, args.metrics_host, args.metrics_port,
+    max_batch = args.max_batch or (GPU_MAX_BATCH if engine.batch_rows_cheap else Settings.max_batch)
+    worker_process.main(engine, intent, args.redis_url, max_batch, args.name, args.metrics_host, args.metrics_port,
                         args.redis_ca, int(args.transcript_retention_days * DAY_S), args.partials)
     return 0
 
@@ -557,8 +558,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--model", type=_model, default=Settings.model, metavar="NAME|DIR", help=MODEL_HELP)
     w.add_argument("--backend", choices=(*ENGINES, "auto"), default=Settings.backend, help=BACKEND_HELP)
     w.add_argument("--threads", type=int, help=THREADS_HELP)
-    w.add_argument("--max-batch", type=int, default=Settings.max_batch,
-                   help="the most utterances recognised in one engine call (default %(default)s)")
+    w.add_argument("--max-batch", type=int,
+                   help=f"the most utterances recognised in one engine call (default {GPU_MAX_BATCH} on a GPU, "
+                        f"{Settings.max_batch} on a CPU)")
     _add_retention_option(w)
     _add_partial_options(w, interval=False)
     w.add_argument("--name", help="consumer name in the Redis group (default: HOST-PID-RANDOM, new at every start)")

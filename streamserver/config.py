@@ -20,6 +20,9 @@ from streamserver.instance import instance_name
 
 # Live captions (asr/worker.py): while the engine has headroom, always, never.
 PARTIAL_MODES = ("auto", "on", "off")
+# A worker's batch on a GPU, where rows cost little: the GPU engine's largest encoder graph
+# (engines/gpu/engine.py ENCODER_BUCKETS), so that a lecture's peak fills few batches.
+GPU_MAX_BATCH = 64
 THREADS_MAX = 4  # inference threads, unless given: the CPU's cores up to this many
 
 
@@ -71,7 +74,7 @@ class Settings:
     idle_seat_s: float = 60.0  # a stream that brings no audio this long is ended and its seat freed (rooms/idle.py); 0: never
     offers_per_minute: int = 300  # WebRTC offers a minute per client address and per link (rooms/offers.py); 0: no limit
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KB
-    max_batch: int = 16
+    max_batch: int = 16  # on a CPU, where each row costs about what it costs alone (GPU_MAX_BATCH on a GPU)
     max_audio_rate: float = RATE  # x real time a student's stream may send (audio/pacing.py); more closes it
     queue_bounds: Bounds = field(default_factory=Bounds)  # utterances waiting: in all, per room, per student
     max_queue_wait_s: float = 5.0  # expected recognition wait past which new students hear "busy"

@@ -48,7 +48,6 @@ SOURCES: dict[tuple[str, str], tuple[Any, str]] = {
     ("transcribe", "precision"): (graphs, "DEFAULT_PRECISION"),
     ("engine build", "precision"): (builder, "PRECISION"),
     ("engine build", "max_batch"): (ProfileSettings, "max_batch"),
-    ("worker", "max_batch"): (Settings, "max_batch"),
     **{(c, d): (Settings, a) for c in SERVER for d, a in (
         ("host", "host"), ("port", "port"), ("max_students", "max_students"), ("link_ttl", "token_ttl_s"),
         ("room_idle_expiry", "room_idle_ttl_s"), ("max_queue_wait", "max_queue_wait_s"),
@@ -70,7 +69,8 @@ COMPUTED: dict[tuple[str, str], tuple[Any, str, Any]] = {
        for c in (*SERVER, "worker")},
 }
 # The machine's: no argparse default, the value is worked out at start (cli._threads).
-AT_START = {(c, "threads") for c in ("transcribe", "serve", "worker")} | {("gateway", "fallback_threads")}
+AT_START = ({(c, "threads") for c in ("transcribe", "serve", "worker")} | {("gateway", "fallback_threads")}
+            | {("worker", "max_batch")})  # by the engine: a GPU's or a CPU's
 # Defaults that only the command line has: written once, there.
 CLI_OWN = {("", "log_level"), ("", "log_format"), ("transcribe", "language"), ("engine build", "backend"),
            ("gateway", "processes"),
