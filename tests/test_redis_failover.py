@@ -97,7 +97,7 @@ def check_exactly_once(report: dict, killed_at: float) -> None:
     print({k: report[k] for k in ("utterances_sent", "transcripts_received", "lost", "duplicates", "copies", "recovered",
                                   "reconnects", "join_failures", "busy_rejections", "latency_s")})
     assert report["join_failures"] == 0 and report["busy_rejections"] == 0
-    assert report["utterances_sent"] >= 40  # a class that spoke, before and after the kill
+    assert report["utterances_sent"] >= 30  # a class that spoke, before and after the kill
     assert report["lost"] == 0 and report["duplicates"] == 0 and report["copies"] == 0
     assert report["transcripts_received"] == report["utterances_sent"]
     # The feeds go on: transcripts arrive well after the failover (the cluster's node timeout
