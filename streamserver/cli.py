@@ -189,6 +189,12 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
     p.add_argument("--ice-allow", action="append", metavar="CIDR", type=_network,
                    help="networks students' ICE candidates may be on (repeatable; default: any routable address, "
                         "no loopback or link-local)")
+    p.add_argument("--turn-url", action="append", metavar="URL",
+                   help="TURN server URL (repeatable) handed out with a credential minted per request that expires after "
+                        "--turn-ttl, from the secret it shares with coturn's --static-auth-secret "
+                        "(STREAMSERVER_TURN_SECRET or STREAMSERVER_TURN_SECRET_FILE)")
+    p.add_argument("--turn-ttl", type=float, default=Settings.turn_ttl_s, metavar="S",
+                   help="lifetime of a minted TURN credential (default %(default)s)")
     p.add_argument("--max-students", type=int, default=Settings.max_students,
                    help="per room, the whole room across gateways (seat leases; default %(default)s)")
     p.add_argument("--idle-seat", type=float, default=Settings.idle_seat_s, metavar="S",
@@ -249,6 +255,22 @@ def _ice_servers(args: argparse.Namespace) -> list[dict]:
     return servers
 
 
+def _turn_secret(args: argparse.Namespace) -> str | None:
+    """The secret --turn-url's credentials are minted from: from the environment, never a flag."""
+    from streamserver.turn import TurnSecretError, secret_from_env
+
+    try:
+        secret = secret_from_env()
+    except TurnSecretError as error:
+        raise SystemExit(f"streamserver: error: {error}") from None
+    if args.turn_ttl <= 0:
+        raise SystemExit("streamserver: error: --turn-ttl must be a positive number of seconds")
+    if args.turn_url and not secret:
+        raise SystemExit("streamserver: error: --turn-url needs STREAMSERVER_TURN_SECRET or STREAMSERVER_TURN_SECRET_FILE "
+                         "(coturn's --static-auth-secret)")
+    return secret
+
+
 def _network(text: str) -> str:
     import ipaddress
 
@@ -283,6 +305,7 @@ def _settings(args: argparse.Namespace, **extra: object) -> Settings:
     return Settings(
         host=args.host, port=args.port, redis_url=args.redis_url, ice_hosts=args.ice_host or [],
         ice_servers=_ice_servers(args), ice_allow=args.ice_allow or [],
+        turn_urls=args.turn_url or [], turn_secret=_turn_secret(args), turn_ttl_s=int(args.turn_ttl),
         max_students=args.max_students, public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms,
         max_queue_wait_s=args.max_queue_wait, queue_bounds=Bounds(total, room, student), max_audio_rate=args.max_audio_rate,
         token_ttl_s=int(args.link_ttl), room_idle_ttl_s=args.room_idle_expiry, redis_ca=args.redis_ca,

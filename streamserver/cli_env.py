@@ -26,6 +26,10 @@ OWN = {
                                  "also for `/metrics` on the main port; without it room creation is refused"),
     "STREAMSERVER_SECRET": ("`serve`, `gateway`", "signs room links; the same on every gateway of one deployment; required "
                             "with Redis (else random per process, with a warning)"),
+    "STREAMSERVER_TURN_SECRET": ("`serve`, `gateway`", "the secret shared with coturn (`--use-auth-secret "
+                                 "--static-auth-secret`) that `--turn-url`'s short-lived credentials are minted from"),
+    "STREAMSERVER_TURN_SECRET_FILE": ("`serve`, `gateway`", "a file holding `STREAMSERVER_TURN_SECRET` (a mounted "
+                                      "secret), instead of the variable"),
     "STREAMSERVER_CACHE": ("every command (`engines/cache.py`)", "where weights are assembled and ONNX graphs built "
                            "(default `~/.cache/streamserver`); anything in it can be deleted, it is rebuilt"),
     "STREAMSERVER_MODEL_DIRS": ("every command taking `--model` (`engines/weights.py`)", "folders (`:`-separated) where "

@@ -63,6 +63,10 @@ class Settings:
     ice_servers: list[dict] = field(default_factory=list)  # [{"urls": [...], "username", "credential"}]
     ice_hosts: list[str] = field(default_factory=list)  # host candidate addresses; empty: all but loopback
     ice_allow: list[str] = field(default_factory=list)  # CIDRs a student's candidates may be on (transport/candidates.py)
+    # TURN with short-lived credentials (turn.py): minted per /api/config answer from the secret it shares with coturn
+    turn_urls: list[str] = field(default_factory=list)
+    turn_secret: str | None = None  # from STREAMSERVER_TURN_SECRET(_FILE), never a flag
+    turn_ttl_s: int = 3600  # a minted credential's lifetime (--turn-ttl)
     admin_token: str | None = field(default_factory=lambda: os.environ.get("STREAMSERVER_ADMIN_TOKEN"))
     # Signs room tokens; gateways of one deployment share it. Random per process if unset.
     secret: str = field(default_factory=lambda: os.environ.get("STREAMSERVER_SECRET") or secrets.token_hex(32))

@@ -21,6 +21,7 @@ from aiohttp import WSMsgType, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from streamserver.api.feed_socket import feed_socket
+from streamserver.api.ice_config import config_handler
 from streamserver.api.probes import add_livez
 from streamserver.logs import fields
 from streamserver.asr.worker import AsrWorker
@@ -444,10 +445,6 @@ async def _send(ws: web.WebSocketResponse, live: asyncio.Queue[str | None], seen
     await ws.close()  # the bus dropped us: closing lets the dashboard reconnect and replay
 
 
-async def config(request: web.Request) -> web.Response:
-    return web.json_response({"ice_servers": request.app[CLASSROOM].settings.ice_servers})
-
-
 def busy_response(reason: str) -> web.Response:
     """503 with Retry-After: the class is not full, the transcription workers are."""
     response = web.json_response({"error": "busy", "detail": reason, "retry_after_s": 10}, status=503)
@@ -610,7 +607,7 @@ def create_app(classroom: Classroom, worker: AsrWorker | None = None) -> web.App
     app.router.add_get("/api/rooms/{room_id}/feed", feed)
     app.router.add_get("/api/rooms/{room_id}/transcript", class_transcript)
     app.router.add_get("/ws/ingest", ingest)
-    app.router.add_get("/api/config", config)
+    app.router.add_get("/api/config", config_handler(classroom.settings))  # token holders only (api/ice_config.py)
     app.router.add_get("/healthz", healthz)
     add_livez(app)  # answers without the bus: for liveness probes (api/probes.py)
     app.router.add_get("/readyz", readyz)

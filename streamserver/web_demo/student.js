@@ -42,7 +42,6 @@ const levelBar = levelEl.querySelector('.level-bar');
 // One join = one session. The microphone stream and student_id outlive the peer connections:
 // a reconnect builds a new RTCPeerConnection around the same track.
 let session = null;
-let iceServers = null; // /api/config, fetched once
 
 function setStatus(text, state) {
   statusEl.textContent = text;
@@ -208,12 +207,12 @@ function openRecovery(s, pc, stale) {
 
 // --- WebRTC ------------------------------------------------------------------------------
 
+// Asked again for every connection: a TURN credential in it expires (an hour by default), and a
+// reconnect late in a lesson needs a fresh one. The token goes in a header, never in a URL.
 async function loadIceServers() {
-  if (iceServers) return iceServers;
-  const resp = await fetch('/api/config');
+  const resp = await fetch('/api/config', { headers: { Authorization: `Bearer ${token}` } });
   if (!resp.ok) throw new Error(`server config unavailable (HTTP ${resp.status})`);
-  iceServers = (await resp.json()).ice_servers || [];
-  return iceServers;
+  return (await resp.json()).ice_servers || [];
 }
 
 function iceGatheringDone(pc, timeoutMs) {
