@@ -231,7 +231,8 @@ class RedisSentinelServers(_Deployment):
 
     def __init__(self) -> None:
         super().__init__("redis-sentinel-")
-        common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        # DEBUG SLEEP stalls the replica in tests (Redis 7 refuses DEBUG unless enabled)
+        common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--enable-debug-command", "yes"]
         self.primary = _Node(self._dir, [])
         self.primary.args = ["--port", str(self.primary.port), *common]
         self.replica = _Node(self._dir, [])

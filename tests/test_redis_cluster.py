@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 import uuid
 
 import numpy as np
@@ -14,12 +15,12 @@ import pytest
 from redis.crc import key_slot
 
 from streamserver.bus import keys as k
-from streamserver.bus.connect import parse_replicated, redacted, topology
+from streamserver.bus.connect import ReplicaBehind, parse_replicated, redacted, topology
 from streamserver.bus.keys import CLUSTER_SHARDS, KeyLayout
 from streamserver.bus.redis import RedisBus
 from streamserver.events import TranscriptEvent, Utterance
 from streamserver.queue.redis_queue import RedisQueue
-from tests.redis_cluster import RedisClusterServers, cluster_tools_missing
+from tests.redis_cluster import RedisClusterServers, RedisSentinelServers, cluster_tools_missing
 from tests.system_packages import require_system
 
 
@@ -121,3 +122,34 @@ def test_jobs_of_rooms_on_every_primary_are_read_and_published_once(cluster):
     assert shards == {layout.shard(room) for room in rooms}
     owners = {cluster.owner(key_slot(layout.jobs(shard).encode())) for shard in shards}
     assert owners == set(cluster.primaries())  # the rooms' jobs lay on every primary
+
+
+def test_a_job_counts_as_queued_only_once_a_replica_holds_it():
+    """Sentinels: a submit whose replica is stalled (DEBUG SLEEP) fails, as if Redis were away,
+    so that the gateway keeps the utterance and queues it again; once the replica is gone for
+    good the primary is written to alone."""
+    require_system("redis-server (Debian's, with redis-cli)", cluster_tools_missing())
+    with RedisSentinelServers() as servers:
+        async def scenario() -> tuple[float, int]:
+            queue = RedisQueue(servers.url)
+            room = f"r-{uuid.uuid4().hex[:8]}"
+            said = [Utterance(f"u{i}-{uuid.uuid4().hex[:8]}", room, "s", "S", "en", np.zeros(1600, np.float32), 1.0, 2.0)
+                    for i in range(3)]
+            try:
+                await queue.submit(said[0])
+                stall = asyncio.create_task(asyncio.to_thread(servers.replica.ask, "DEBUG", "SLEEP", "1.5"))
+                await asyncio.sleep(0.2)
+                with pytest.raises(ReplicaBehind):
+                    await queue.submit(said[1])
+                await stall
+                await queue.submit(said[1])  # confirmed now (its first write is there too: two jobs, one result)
+                servers.replica.kill()
+                started = time.monotonic()
+                await queue.submit(said[2])
+                return time.monotonic() - started, await queue.depth()
+            finally:
+                await queue.close()
+
+        alone_s, depth = asyncio.run(scenario())
+    assert alone_s < 2.0  # no replica: one WAIT timeout at most, not a failure
+    assert depth == 4

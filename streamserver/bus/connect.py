@@ -33,13 +33,19 @@ MAX_CONNECTIONS = 2048
 # Connection trouble as raised by redis-py (a cluster whose slots are being failed over raises
 # RedisClusterException, which is no RedisError) and by the socket layer under it.
 REDIS_FAILURES: tuple[type[BaseException], ...] = (RedisError, OSError, RedisClusterException)
-# How long a write waits for a replica's confirmation; a primary whose replica does not answer in
-# time is taken to have none (its replica died, or was promoted and the old primary is gone)
-# and is written to unconfirmed for NO_REPLICA_RECHECK_S before it is asked again.
+# How long a write waits for a replica's confirmation. Past it the primary is asked whether it
+# has a replica at all: one that is only behind makes the write fail (ReplicaBehind: the caller
+# retries, as for any Redis failure); none (its replica died, or was promoted and the old
+# primary is gone) and the primary is written to unconfirmed for NO_REPLICA_RECHECK_S before it
+# is asked again.
 WAIT_TIMEOUT_MS = 500
 NO_REPLICA_RECHECK_S = 5.0
 
 AnyRedis = aioredis.Redis | RedisCluster
+
+
+class ReplicaBehind(RedisError):
+    """A write the primary took but its replica did not confirm in time: not yet safe."""
 Topology = Literal["single", "cluster", "sentinel"]
 
 
@@ -140,9 +146,10 @@ def is_cluster(client: AnyRedis) -> bool:
 class Replication:
     """Writes confirmed by a replica: a Lua script and `WAIT 1` sent together on one connection
     (WAIT counts the replicas that have this connection's writes), to the primary of the
-    script's slot. A primary with no replica that answers within WAIT_TIMEOUT_MS is written to
-    without waiting for a while: there is nothing to fail over to, and waiting would only slow
-    every write. With `enabled` False (a single Redis) a script is simply evaluated."""
+    script's slot. A write whose replica is behind raises ReplicaBehind; a primary with no
+    replica at all is written to without waiting for a while: there is nothing to fail over
+    to, and waiting would only slow every write. With `enabled` False (a single Redis) a script
+    is simply evaluated."""
 
     def __init__(self, client: AnyRedis, enabled: bool) -> None:
         self.client, self.enabled = client, enabled
@@ -171,6 +178,9 @@ class Replication:
         pipe.execute_command("WAIT", 1, WAIT_TIMEOUT_MS, **target)
         reply, replicas = await pipe.execute()
         if int(replicas) < 1:
+            info = await self.client.info("replication", **target)
+            if int(info.get("connected_slaves", 0)) > 0:
+                raise ReplicaBehind(f"no replica of {name} confirmed a write within {WAIT_TIMEOUT_MS} ms")
             self._alone_until[name] = time.monotonic() + NO_REPLICA_RECHECK_S
         return reply
 
