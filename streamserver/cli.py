@@ -36,6 +36,9 @@ PARTIAL_INTERVAL_MS_RANGE = (250, 10_000)
 DAY_S = 86400
 
 
+REDIS_PREFIX_HELP = ("put before every Redis key, so that deployments can share one Redis (the same on every gateway and "
+                     "worker of a deployment; default: none)")
+
 def _progress(message: str) -> None:
     print(f"streamserver: {message}", file=sys.stderr, flush=True)
 
@@ -225,6 +228,7 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
                    help="also serve /metrics without the admin token on --metrics-host:PORT (an internal address)")
     p.add_argument("--metrics-host", default=METRICS_HOST, help="the address of --metrics-port (default %(default)s)")
     p.add_argument("--redis-ca", metavar="FILE", help="CA certificate of a rediss:// (TLS) Redis (default: the system's CAs)")
+    p.add_argument("--redis-prefix", default=Settings.redis_prefix, metavar="PREFIX", help=REDIS_PREFIX_HELP)
     p.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (PEM, chain included; with --tls-key)")
     p.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
     p.add_argument("--tls-self-signed", metavar="DIR", type=Path,
@@ -309,6 +313,7 @@ def _settings(args: argparse.Namespace, **extra: object) -> Settings:
         max_students=args.max_students, public_url=args.public_url, vad_hangover_ms=args.vad_hangover_ms,
         max_queue_wait_s=args.max_queue_wait, queue_bounds=Bounds(total, room, student), max_audio_rate=args.max_audio_rate,
         token_ttl_s=int(args.link_ttl), room_idle_ttl_s=args.room_idle_expiry, redis_ca=args.redis_ca,
+        redis_prefix=args.redis_prefix,
         transcript_retention_s=int(args.transcript_retention_days * DAY_S), partials=args.partials,
         partial_interval_ms=args.partial_interval_ms, expected_speaking=args.expected_speaking,
         idle_seat_s=args.idle_seat, offers_per_minute=args.offers_per_minute, **extra,
@@ -460,7 +465,7 @@ def _worker(args: argparse.Namespace) -> int:
     engine, intent = loaded
     max_batch = args.max_batch or (GPU_MAX_BATCH if engine.batch_rows_cheap else Settings.max_batch)
     worker_process.main(engine, intent, args.redis_url, max_batch, args.name, args.metrics_host, args.metrics_port,
-                        args.redis_ca, int(args.transcript_retention_days * DAY_S), args.partials)
+                        args.redis_ca, int(args.transcript_retention_days * DAY_S), args.partials, args.redis_prefix)
     return 0
 
 
@@ -578,6 +583,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--redis-url", required=True, help="redis://[user:password@]host:port, or rediss:// for TLS; "
                    "redis+cluster://HOST:PORT[,...] or redis+sentinel://HOST:PORT[,...]/MASTER (docs/redis.md)")
     w.add_argument("--redis-ca", metavar="FILE", help="CA certificate of a rediss:// (TLS) Redis (default: the system's CAs)")
+    w.add_argument("--redis-prefix", default=Settings.redis_prefix, metavar="PREFIX", help=REDIS_PREFIX_HELP)
     w.add_argument("--model", type=_model, default=Settings.model, metavar="NAME|DIR", help=MODEL_HELP)
     w.add_argument("--backend", choices=(*ENGINES, "auto"), default=Settings.backend, help=BACKEND_HELP)
     w.add_argument("--threads", type=int, help=THREADS_HELP)

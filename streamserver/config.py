@@ -53,6 +53,7 @@ class Settings:
     port: int = 8080
     redis_url: str | None = None  # redis:// or rediss:// (TLS), an ACL user in it
     redis_ca: str | None = None
+    redis_prefix: str = ""  # before every Redis key: deployments sharing one Redis (bus/keys.py KeyLayout)
     spool_dir: str | None = None  # gateway: utterances the job queue cannot take wait here, on disk
     fallback_model: str | None = None  # gateway: recognise here what the central workers cannot (asr/fallback.py)
     fallback_after_s: float = 3.0  # ... also a queued utterance not published this long after its end

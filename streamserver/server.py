@@ -34,7 +34,8 @@ from streamserver.queue.spool import Spool
 
 def serve_app(settings: Settings, engine: Engine, intent: IntentClassifier | None) -> tuple[web.Application, Classroom]:
     """Everything in one process; events through Redis when settings.redis_url is set."""
-    bus = create_bus(settings.redis_url, settings.history_len, settings.redis_ca, settings.transcript_retention_s)
+    bus = create_bus(settings.redis_url, settings.history_len, settings.redis_ca, settings.transcript_retention_s,
+                     settings.redis_prefix)
     publisher = LoggedPublisher(bus)  # a line with fields for each result (result_log.py)
     metrics = Metrics()
     queue = MemoryQueue(publisher, bounds=settings.queue_bounds)
@@ -51,10 +52,11 @@ def gateway_app(settings: Settings, fallback_engine: Engine | None = None,
     if not settings.redis_url:
         raise ValueError("a gateway needs --redis-url: its workers are found through Redis")
     bus = RedisBus(settings.redis_url, settings.history_len, ca_file=settings.redis_ca,
-                   transcript_retention_s=settings.transcript_retention_s)
+                   transcript_retention_s=settings.transcript_retention_s, prefix=settings.redis_prefix)
     publisher = LoggedPublisher(bus)  # a line with fields for each result (result_log.py)
     queue = RedisQueue(settings.redis_url, history_len=settings.history_len, bounds=settings.queue_bounds,
-                       ca_file=settings.redis_ca, transcript_retention_s=settings.transcript_retention_s)
+                       ca_file=settings.redis_ca, transcript_retention_s=settings.transcript_retention_s,
+                       prefix=settings.redis_prefix)
     metrics = Metrics()
     spool = Spool(Path(settings.spool_dir)) if settings.spool_dir else None
     local = LocalFeeds()

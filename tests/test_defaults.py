@@ -56,6 +56,7 @@ SOURCES: dict[tuple[str, str], tuple[Any, str]] = {
         ("turn_ttl", "turn_ttl_s"))},
     **{(c, "vad_hangover_ms"): (SegmenterConfig, "hangover_ms") for c in SERVER},
     **{(c, "partials"): (Settings, "partials") for c in (*SERVER, "worker")},
+    **{(c, "redis_prefix"): (Settings, "redis_prefix") for c in (*SERVER, "worker")},
     **{(c, "metrics_host"): (cli, "METRICS_HOST") for c in (*SERVER, "worker")},
     ("gateway", "fallback_after"): (Settings, "fallback_after_s"),
     **{("loadsim", d): (LoadConfig, a) for d, a in (

@@ -153,3 +153,38 @@ def test_a_job_counts_as_queued_only_once_a_replica_holds_it():
         alone_s, depth = asyncio.run(scenario())
     assert alone_s < 2.0  # no replica: one WAIT timeout at most, not a failure
     assert depth == 4
+
+
+def test_two_deployments_share_one_redis_through_their_prefixes(redis_url):
+    """--redis-prefix: every key of a deployment starts with its prefix, and neither sees the
+    other's jobs, workers or room events."""
+    prefixes = (f"a{uuid.uuid4().hex[:6]}:", f"b{uuid.uuid4().hex[:6]}:")
+
+    async def scenario() -> tuple[list[list[str]], list[int], list[list[str]], set[str]]:
+        queues = [RedisQueue(redis_url, prefix=p) for p in prefixes]
+        workers = [RedisQueue(redis_url, f"w-{p}", prefix=p) for p in prefixes]
+        buses = [RedisBus(redis_url, prefix=p) for p in prefixes]
+        try:
+            for worker in workers:
+                await worker.ensure_group()
+                await worker.heartbeat({"utt_per_s": 1.0})
+            u = Utterance(f"u-{uuid.uuid4().hex[:8]}", "shared-room", "s", "S", "en", np.zeros(1600, np.float32), 1.0, 2.0)
+            await queues[0].submit(u)
+            await buses[1].publish("shared-room", json.dumps({"type": "note", "room_id": "shared-room"}))
+            read = [[uid for _eid, got in await w.read(4, 100) for uid in [got.utterance_id]] for w in workers]
+            live = [(await q.capacity())[0] for q in queues]
+            histories = [await bus.history("shared-room") for bus in buses]
+            keys = {key.decode() for p in prefixes for key in await queues[0].redis.keys(p + "*")}
+            return read, live, histories, keys
+        finally:
+            for closable in (*queues, *workers, *buses):
+                await closable.close()
+
+    read, live, histories, keys = asyncio.run(scenario())
+    assert read[0] and not read[1]  # deployment b's worker never sees a's job
+    assert live == [1, 1]  # each sees its own worker only
+    assert not histories[0] and len(histories[1]) == 1
+    assert {key.split(":", 1)[0] + ":" for key in keys} == set(prefixes)
+    assert any(key.startswith(prefixes[0] + "asr:jobs") for key in keys) and any("room:shared-room:history" in key for key in keys)
+    with pytest.raises(ValueError):
+        KeyLayout(1, "{bad}")

@@ -43,10 +43,10 @@ def metrics_app(worker: AsrWorker) -> web.Application:
 async def run_worker(
     engine: Engine, intent: IntentClassifier | None, redis_url: str, max_batch: int, name: str | None,
     metrics_host: str, metrics_port: int | None, redis_ca: str | None = None, transcript_retention_s: int | None = None,
-    partials: str = Settings.partials,
+    partials: str = Settings.partials, redis_prefix: str = Settings.redis_prefix,
 ) -> None:
     extra = {"transcript_retention_s": transcript_retention_s} if transcript_retention_s is not None else {}
-    queue = RedisQueue(redis_url, name or instance_name(), ca_file=redis_ca, **extra)
+    queue = RedisQueue(redis_url, name or instance_name(), ca_file=redis_ca, prefix=redis_prefix, **extra)
     worker = AsrWorker(engine, queue, intent, max_batch, partials=partials)
     worker.log_results = True  # it publishes through Redis itself: no publisher of ours logs them
     runner = None
@@ -67,9 +67,10 @@ async def run_worker(
 
 def main(engine: Engine, intent: IntentClassifier | None, redis_url: str, max_batch: int, name: str | None,
          metrics_host: str, metrics_port: int | None, redis_ca: str | None = None,
-         transcript_retention_s: int | None = None, partials: str = Settings.partials) -> None:
+         transcript_retention_s: int | None = None, partials: str = Settings.partials,
+         redis_prefix: str = Settings.redis_prefix) -> None:
     try:
         asyncio.run(run_worker(engine, intent, redis_url, max_batch, name, metrics_host, metrics_port, redis_ca,
-                               transcript_retention_s, partials))
+                               transcript_retention_s, partials, redis_prefix))
     except KeyboardInterrupt:
         pass

@@ -62,11 +62,13 @@ class Bus(Protocol):
 
 
 def create_bus(redis_url: str | None, history_len: int = 500, ca_file: str | None = None,
-               transcript_retention_s: int | None = None) -> Bus:
-    extra = {"transcript_retention_s": transcript_retention_s} if transcript_retention_s is not None else {}
+               transcript_retention_s: int | None = None, prefix: str | None = None) -> Bus:
+    extra: dict[str, int | str] = {"transcript_retention_s": transcript_retention_s} if transcript_retention_s is not None else {}
     if redis_url:
         from streamserver.bus.redis import RedisBus
 
+        if prefix is not None:
+            extra["prefix"] = prefix
         return RedisBus(redis_url, history_len, ca_file=ca_file, **extra)
     from streamserver.bus.memory import MemoryBus
 

@@ -141,17 +141,33 @@ class KeyLayout:
     """The key names of one deployment. With one shard (a single Redis, or one that Sentinels
     manage) they are the module's names above, unchanged; with more (a Redis Cluster) each but
     the fleet's carries its shard's hash tag. Every process of a deployment must use the same
-    number of shards: a room's shard is a pure function of its id."""
+    number of shards: a room's shard is a pure function of its id. A prefix (--redis-prefix)
+    comes before every name (after a hash tag), so that deployments can share one Redis."""
 
-    def __init__(self, shards: int = 1) -> None:
-        self.shards = shards
-        self.tags = [""] if shards == 1 else [f"{{{tag}}}:" for tag in shard_tags(shards)]
+    def __init__(self, shards: int = 1, prefix: str = "") -> None:
+        if "{" in prefix or "}" in prefix:
+            raise ValueError(f"a Redis key prefix holds no braces (they would make it a hash tag): {prefix!r}")
+        self.shards, self.prefix = shards, prefix
+        self.tags = [prefix] if shards == 1 else [f"{{{tag}}}:{prefix}" for tag in shard_tags(shards)]
 
     def shard(self, room_id: str) -> int:
         return zlib.crc32(room_id.encode()) % self.shards if self.shards > 1 else 0
 
     def tag(self, room_id: str) -> str:
         return self.tags[self.shard(room_id)]
+
+    # ---- the fleet's (no hash tag: plain commands, anywhere in a cluster) ----
+    def workers(self) -> str:
+        return self.prefix + WORKERS
+
+    def gateways(self) -> str:
+        return self.prefix + GATEWAYS
+
+    def alive(self, worker: str) -> str:
+        return self.prefix + alive_key(worker)
+
+    def gateway_alive(self, gateway: str) -> str:
+        return self.prefix + gateway_alive_key(gateway)
 
     # ---- per shard ----
     def jobs(self, shard: int) -> str:

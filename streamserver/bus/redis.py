@@ -26,6 +26,7 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 
 from streamserver.bus.connect import REDIS_FAILURES, is_cluster, redis_client, topology
+from streamserver.config import Settings
 from streamserver.bus.keys import CLUSTER_SHARDS, HISTORY_FIELD, TRANSCRIPT_RETENTION_S, KeyLayout, is_final_transcript
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,7 @@ class RedisBus:
         poll_s: float = 1.0,
         ca_file: str | None = None,
         transcript_retention_s: int = TRANSCRIPT_RETENTION_S,
+        prefix: str = Settings.redis_prefix,
     ) -> None:
         self._history_len = history_len
         self._retention_s = transcript_retention_s
@@ -165,7 +167,7 @@ class RedisBus:
             health_check_interval=30,
         )
         self._cluster = is_cluster(self._redis)
-        self.keys = KeyLayout(CLUSTER_SHARDS if topology(url) == "cluster" else 1)
+        self.keys = KeyLayout(CLUSTER_SHARDS if topology(url) == "cluster" else 1, prefix)
         self._node_turn = 0  # which of the cluster's nodes the subscriptions use now
         self._node_client: aioredis.Redis | None = None  # a plain client of that node
         self._node_clients: list[aioredis.Redis] = []  # every one made, closed by close()

@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any
 
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
@@ -32,9 +32,10 @@ from redis.exceptions import ResponseError
 
 from streamserver.bus.connect import Replication, is_cluster, redis_client, topology
 from streamserver.bus.keys import (
-    CLUSTER_SHARDS, GATEWAYS, HISTORY_FIELD, JOB_GROUP, SPECULATIVE_FIRST, TRANSCRIPT_RETENTION_S, WORKERS, KeyLayout, alive_key,
-    backlog_fields, gateway_alive_key, is_final_transcript,
+    CLUSTER_SHARDS, HISTORY_FIELD, JOB_GROUP, SPECULATIVE_FIRST, TRANSCRIPT_RETENTION_S, KeyLayout, backlog_fields,
+    is_final_transcript,
 )
+from streamserver.config import Settings
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
 from streamserver.queue.base import (
     HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Entry, QueueFull, Speculation, wanted_hints,
@@ -187,7 +188,7 @@ class RedisQueue:
     fair = False
     def __init__(self, url: str, worker: str | None = None, *, visibility_s: float = 30.0, history_len: int = 500,
                  bounds: Bounds = Bounds(), ca_file: str | None = None,
-                 transcript_retention_s: int = TRANSCRIPT_RETENTION_S) -> None:
+                 transcript_retention_s: int = TRANSCRIPT_RETENTION_S, prefix: str = Settings.redis_prefix) -> None:
         self.transcript_retention_s = transcript_retention_s
         self.worker = worker
         self.bounds = bounds
@@ -204,7 +205,7 @@ class RedisQueue:
             client_name=worker_client_name(worker) if worker else None,
         )
         kind = topology(url)
-        self.keys = KeyLayout(CLUSTER_SHARDS if kind == "cluster" else 1)
+        self.keys = KeyLayout(CLUSTER_SHARDS if kind == "cluster" else 1, prefix)
         self.replication = Replication(self.redis, enabled=kind != "single")
         self._complete = self.redis.register_script(_COMPLETE)
         self._submit = self.redis.register_script(_SUBMIT)
@@ -322,18 +323,20 @@ class RedisQueue:
             out.update({k.decode()[2:]: int(v) for k, v in counts.items() if k.startswith(b"r:") and int(v) > 0})
         return out
 
-    async def _live_stats(self, table: str = WORKERS, alive: Callable[[str], str] = alive_key) -> list[dict[str, Any]]:
+    async def _live_stats(self, gateways: bool = False) -> list[dict[str, Any]]:
         """The heartbeat stats of the live workers (or gateways). Alive = its heartbeat key exists:
         Redis's clock decides, so hosts whose clocks disagree do not hide workers. A gateway
         found gone is taken out of its table (a worker's stats stay: claims look for its jobs)."""
+        table = self.keys.gateways() if gateways else self.keys.workers()
+        alive = self.keys.gateway_alive if gateways else self.keys.alive
         stats = await self.redis.hgetall(table)
         names = [name.decode() if isinstance(name, bytes) else name for name in stats]
         async with self.redis.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.exists(alive(name))
             found = await pipe.execute() if names else []
-        if table == GATEWAYS and (gone := [n for n, is_alive in zip(names, found) if not is_alive]):
-            await self.redis.hdel(GATEWAYS, *gone)
+        if gateways and (gone := [n for n, is_alive in zip(names, found) if not is_alive]):
+            await self.redis.hdel(table, *gone)
         return [json.loads(value) for value, is_alive in zip(stats.values(), found) if is_alive]
 
     async def capacity(self) -> tuple[int, float]:
@@ -344,12 +347,12 @@ class RedisQueue:
 
     async def gateway_beat(self, gateway: str, stats: dict[str, Any]) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(gateway_alive_key(gateway), b"1", px=int(GATEWAY_ALIVE_TTL_S * 1000))
-            pipe.hset(GATEWAYS, gateway, json.dumps(stats))
+            pipe.set(self.keys.gateway_alive(gateway), b"1", px=int(GATEWAY_ALIVE_TTL_S * 1000))
+            pipe.hset(self.keys.gateways(), gateway, json.dumps(stats))
             await pipe.execute()
 
     async def fleet_load(self) -> tuple[int, float, float, int]:
-        gateways = await self._live_stats(GATEWAYS, gateway_alive_key)
+        gateways = await self._live_stats(gateways=True)
         workers, capacity = await self.capacity()
         return (sum(int(g.get("students", 0)) for g in gateways), sum(float(g.get("utt_per_s", 0.0)) for g in gateways),
                 capacity, workers)
@@ -527,8 +530,8 @@ class RedisQueue:
     async def heartbeat(self, stats: dict[str, Any]) -> None:
         assert self.worker
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(alive_key(self.worker), b"1", px=int(ALIVE_TTL_S * 1000))
-            pipe.hset(WORKERS, self.worker, json.dumps({**stats, "ts": time.time()}))
+            pipe.set(self.keys.alive(self.worker), b"1", px=int(ALIVE_TTL_S * 1000))
+            pipe.hset(self.keys.workers(), self.worker, json.dumps({**stats, "ts": time.time()}))
             await pipe.execute()
 
     async def _connected_workers(self) -> set[str] | None:
@@ -569,7 +572,7 @@ class RedisQueue:
                 continue
             # Dead: its heartbeat expired, or its process is gone (no connection left).
             gone = connected is not None and worker_client_name(name) not in connected
-            if not gone and await self.redis.exists(alive_key(name)):
+            if not gone and await self.redis.exists(self.keys.alive(name)):
                 continue
             if int(consumer["pending"]) == 0:
                 # Forget a consumer only once it has been idle a long while: one that is just
@@ -578,7 +581,7 @@ class RedisQueue:
                 if int(consumer.get("idle", 0)) >= FORGET_IDLE_MS:
                     await self.redis.xgroup_delconsumer(stream, JOB_GROUP, name)
                     if shard == self.keys.shards - 1:  # its stats go once no stream knows it
-                        await self.redis.hdel(WORKERS, name)
+                        await self.redis.hdel(self.keys.workers(), name)
                 continue
             pending = await self.redis.xpending_range(stream, JOB_GROUP, "-", "+", count, consumername=name)
             ids = [p["message_id"] for p in pending]
