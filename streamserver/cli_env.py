@@ -42,9 +42,6 @@ OWN = {
     "STREAMSERVER_GATEWAY_INDEX": ("`gateway`", "set by `gateway --processes` for each gateway it starts (never by "
                                    "hand): its place among them; it shares their port, and its `--metrics-port` is "
                                    "that port plus its place"),
-    "STREAMSERVER_GATEWAY_INDEX": ("`gateway`", "set by `gateway --processes` for each gateway it starts (never by "
-                                   "hand): its place among them; it shares their port, and its `--metrics-port` is "
-                                   "that port plus its place"),
     "STREAMSERVER_INTENT_DEVICE": ("the intent labels beside a `torch-cuda` engine", "`cpu`: on ONNX Runtime on the CPU "
                                    "instead of the engine's GPU (`auto`)"),
 }

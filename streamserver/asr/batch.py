@@ -58,6 +58,13 @@ class BatchRecogniser:
         thread leaves the first real batch to pay for it (1 s of labels on a fresh H200)."""
         return BatchRecogniser(self.engine, self.intent, Metrics(), self._executor)
 
+    async def warm_labels(self, rows: int, words: int) -> None:
+        """Labels for `rows` texts of about `words` words, in this recogniser's thread (a warm-up
+        of the shapes real texts bring)."""
+        if self.intent is not None:
+            texts = [" ".join(["question"] * words) + f" {i}" for i in range(rows)]
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._intents, texts)
+
     def close(self) -> None:
         if self._own_executor:
             self._executor.shutdown(wait=False, cancel_futures=True)

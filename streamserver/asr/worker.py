@@ -55,6 +55,7 @@ HINT_POLL_MS = 20  # with hints wanted, how long a read waits for a final before
 DEFERRED_POLL_MS = 10  # with finals waiting for another worker's speculation, how often they are looked at
 BUSY_WINDOW_S = 5.0
 HEADROOM = 0.7
+WARM_WORDS = (3, 10, 20, 40, 80)  # text lengths whose label shapes a GPU worker's calibration meets
 # auto: a final that waited longer than this in the queue (the engine was not free: on a CPU box
 # the hints' work also takes the cores from the gateway and the other workers) stops the partials
 # for BUSY_WINDOW_S
@@ -162,6 +163,8 @@ class AsrWorker:
                 started = time.perf_counter()
                 await recogniser.run(batch)
                 seconds = time.perf_counter() - started
+                for words in WARM_WORDS if self.engine.batch_rows_cheap else ():
+                    await recogniser.warm_labels(rows, words)  # the texts' other lengths
         except Exception:  # noqa: BLE001 - no first measure: the queue's own checks admit until batches measure it
             log.exception("the recognition's capacity was not measured")
             return

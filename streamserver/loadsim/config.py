@@ -20,9 +20,10 @@ class LoadConfig:
     rooms: int = 1
     language: str = "en"
     # WebSocket message length: the gateway's and the client's cost goes per message, not per
-    # second of audio (a third at 100 ms against 20 ms: benchmarks/README.md, "WebSocket cost per
-    # student"); the VAD's end of speech waits at most one message longer.
-    frame_ms: int = 100
+    # second of audio (about half at 60 ms against 20 ms: benchmarks/README.md, "WebSocket cost per
+    # student"), while the end of speech reaches the VAD up to one message later (finals p99 about
+    # 60 ms later at 100 ms messages than at 20 ms).
+    frame_ms: int = 60
     seed: int = 0
     drain_s: float = 30.0  # the longest wait for transcripts still due at the end
     processes: int = 1  # students spread over this many child processes (child.py); 1: in this one
