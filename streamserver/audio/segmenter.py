@@ -173,6 +173,8 @@ class UtteranceSegmenter:
             self._process(frame, self._is_speech(frame), ts)
 
     def _is_speech(self, frame: np.ndarray) -> bool:
+        if not frame.any():  # all zeros (a muted microphone, a client's silence): one scan, not five
+            return False
         f = frame.astype(np.float32)
         level = math.sqrt(float(f @ f) / self._n)
         # muted: keep it away from the VAD's and our noise estimates (a level above the bound
