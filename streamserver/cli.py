@@ -354,6 +354,8 @@ def _secret_check(settings, command: str) -> bool:  # noqa: ANN001 - a Settings
 
 
 def _run_server(app, settings, args: argparse.Namespace, classroom, tls=None) -> None:  # noqa: ANN001 - aiohttp and ours
+    import asyncio
+
     from aiohttp import web
 
     from streamserver.api.app import metrics_app
@@ -377,6 +379,13 @@ def _run_server(app, settings, args: argparse.Namespace, classroom, tls=None) ->
         freeze_startup_heap()
 
     app.on_startup.append(settle_heap)
+    if index is not None:
+        async def watch_parent(app: web.Application):  # noqa: ANN202 - an aiohttp cleanup context
+            task = asyncio.get_running_loop().create_task(processes.orphaned())
+            yield
+            task.cancel()
+
+        app.cleanup_ctx.append(watch_parent)
     set_process_fields(gateway=settings.gateway_name)  # on every JSON log line (streamserver/logs.py)
     use_draining_loop()  # UDP sockets read until empty each turn: a late turn is made up (transport/udp.py)
     web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None,

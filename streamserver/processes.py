@@ -8,6 +8,7 @@ jittered pause, a child that died: its students reconnect to the others meanwhil
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
@@ -69,7 +70,9 @@ class Children:
 
     def start(self, index: int) -> None:
         env = {**os.environ, INDEX_ENV: str(index), "STREAMSERVER_PROCESSES": "1"}
-        self.procs[index] = subprocess.Popen(self.argv, env=env)
+        # A session of its own: a terminal's Ctrl-C reaches this process only, which hands it on
+        # once (a second signal would cut a child's graceful close short).
+        self.procs[index] = subprocess.Popen(self.argv, env=env, start_new_session=True)
         self.started[index] = time.monotonic()
 
     def stop(self, signum: int, _frame: FrameType | None = None) -> None:
@@ -109,6 +112,16 @@ class Children:
                 proc.wait()
             status = status or (proc.returncode if proc.returncode and proc.returncode > 0 else 0)
         return status
+
+
+async def orphaned() -> None:
+    """In a child: stop when the command that started it is gone (killed, so that it could not hand
+    its stop on), rather than serve on a port nobody manages."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+    log.warning("the gateway command that started this process is gone; stopping")
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def run_children(argv: list[str], count: int) -> int:

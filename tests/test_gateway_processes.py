@@ -109,3 +109,17 @@ def test_two_gateway_processes_share_a_port_and_a_class(redis_url, tmp_path):
     finally:
         gateway.stop()
         worker.stop()
+
+
+def test_the_gateways_of_a_killed_command_stop(redis_url, tmp_path):
+    """A command SIGKILLed (it cannot hand its stop on) leaves no gateway serving its port."""
+    port = free_port()
+    gateway = Proc(tmp_path / "gateway.log", "gateway", "--processes", "2", "--port", str(port), "--redis-url", redis_url)
+    try:
+        _wait(f"http://127.0.0.1:{port}/livez", 60)
+        children = until(lambda: two_children(gateway.proc.pid), 30)
+        gateway.proc.kill()
+        gateway.proc.wait(10)
+        until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), 20)
+    finally:
+        gateway.stop()
