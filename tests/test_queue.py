@@ -178,3 +178,49 @@ def test_redis_restart_with_aof_loses_nothing(tmp_path, tiny_engine, librivox):
         run(body())
     finally:
         server.stop()
+
+
+def test_a_batch_s_finals_are_published_side_by_side(fresh, tiny_engine, librivox):
+    """Under load Redis answers each call later: a batch's finals are published side by side
+    (one student's in the order spoken), so that the worker is not held a round trip per final."""
+    clips = [audio for _name, audio, _text in librivox[:3]]
+    delay_s = 0.3
+
+    class SlowRedis(RedisQueue):  # a real Redis, each completion's answer `delay_s` late
+        in_flight = peak = 0
+
+        async def complete(self, entry_id, u, event):  # noqa: ANN001, ANN202
+            SlowRedis.in_flight += 1
+            SlowRedis.peak = max(SlowRedis.peak, SlowRedis.in_flight)
+            try:
+                await asyncio.sleep(delay_s)
+                return await super().complete(entry_id, u, event)
+            finally:
+                SlowRedis.in_flight -= 1
+
+    async def body() -> None:
+        producer = RedisQueue(fresh)
+        first = utterance(clips[0], student="s0")
+        sent = [first] + [utterance(clips[i % 3], student=f"s{i}") for i in range(1, 8)] + [utterance(clips[1], student="s0")]
+        for u in sent:
+            await producer.submit(u)
+        q = SlowRedis(fresh, "w1")
+        worker = AsrWorker(tiny_engine, q, None, max_batch=16)
+        worker.batch_budget_s = 60.0  # the whole queue in one batch, however slow this machine's engine
+        task = asyncio.create_task(worker.run())
+        for _ in range(600):
+            await asyncio.sleep(0.05)
+            if await producer.depth() == 0:
+                break
+        await cancel_for_sure(task)
+        assert await producer.depth() == 0
+        await producer.close()
+        await q.close()
+        events = [e for e in history(fresh, "r1") if e["type"] == "transcript"]
+        assert sorted(e["utterance_id"] for e in events) == sorted(u.utterance_id for u in sent)
+        of_s0 = [e["utterance_id"] for e in events if e["student_id"] == "s0"]
+        assert of_s0 == [sent[0].utterance_id, sent[-1].utterance_id]  # one student's in the order spoken
+        # 8 students: their finals' round trips overlap (one after the other, the peak is 1)
+        assert SlowRedis.peak >= 4, SlowRedis.peak
+
+    run(body())
