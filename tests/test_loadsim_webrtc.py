@@ -213,3 +213,13 @@ def test_fast_rtp_delivers_the_plan_to_the_server_as_aiortcs_sender_would():
     a, b = int(turn.start_s * RATE), int(turn.end_s * RATE)
     lag = max(range(0, 320), key=lambda k: float(np.dot(pcm[a + k : b + k].astype(float), source[a:b])))
     assert np.corrcoef(pcm[a + lag : b + lag], source[a:b])[0, 1] > 0.75
+
+
+def test_students_offer_from_addresses_of_their_own_on_this_machine():
+    """A server counts offers per client address: the simulator's students on one machine join
+    from as many loopback addresses as there are students, as a class joins from its homes."""
+    from streamserver.loadsim.clients import loopback_source
+
+    sources = {loopback_source("http://127.0.0.1:8000", i) for i in range(10_000)}
+    assert len(sources) == 10_000 and all(s.startswith("127.") for s in sources)
+    assert loopback_source("https://class.example.org", 3) is None

@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 from aiortc.contrib.media import MediaPlayer
 
-from streamserver.loadsim.clients import JoinRefused, join_student, speech_file
+from streamserver.loadsim.clients import JoinRefused, join_student, loopback_source, speech_file
 from streamserver.loadsim.config import LoadConfig
 from streamserver.loadsim.measure import Tally
 from streamserver.loadsim.scenario import Turn, load_clips, plan_turns, render
@@ -146,7 +146,8 @@ class StudentPool:
             track = TimedTrack(MediaPlayer(str(wav), loop=False).audio, [Turn(t.start_s + lead, t.clip) for t in turns], self.hooks)
         try:
             async with joins:
-                pc = await join_student(session, room["url"], room, f"student {index + 1}", track)
+                pc = await join_student(session, room["url"], room, f"student {index + 1}", track,
+                                        source=loopback_source(room["url"], index))
         except BaseException:
             track.stop()
             raise
