@@ -29,6 +29,10 @@ from redis.commands.core import AsyncScript
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError, SlotNotCoveredError
 
+from streamserver.bus import redis_compat
+
+redis_compat.install()  # a connection closed under a write is a ConnectionError (bus/redis_compat.py)
+
 MAX_CONNECTIONS = 2048
 # Connection trouble as raised by redis-py (a cluster whose slots are being failed over raises
 # RedisClusterException, which is no RedisError) and by the socket layer under it.
