@@ -23,6 +23,7 @@ from streamserver.config import machine_cores
 log = logging.getLogger(__name__)
 
 INDEX_ENV = "STREAMSERVER_GATEWAY_INDEX"  # which child this is (set for the children only)
+PARENT_ENV = "STREAMSERVER_GATEWAY_PARENT"  # the pid of the command that started it
 RESTART_FIRST_S = 1.0  # a child that died is started again after about this; doubling while it keeps dying
 RESTART_MAX_S = 30.0
 STEADY_S = 60.0  # a child up this long is well again: its next death waits RESTART_FIRST_S
@@ -69,7 +70,7 @@ class Children:
         self.stopping = False
 
     def start(self, index: int) -> None:
-        env = {**os.environ, INDEX_ENV: str(index), "STREAMSERVER_PROCESSES": "1"}
+        env = {**os.environ, INDEX_ENV: str(index), PARENT_ENV: str(os.getpid()), "STREAMSERVER_PROCESSES": "1"}
         # A session of its own: a terminal's Ctrl-C reaches this process only, which hands it on
         # once (a second signal would cut a child's graceful close short).
         self.procs[index] = subprocess.Popen(self.argv, env=env, start_new_session=True)
@@ -116,8 +117,9 @@ class Children:
 
 async def orphaned() -> None:
     """In a child: stop when the command that started it is gone (killed, so that it could not hand
-    its stop on), rather than serve on a port nobody manages."""
-    parent = os.getppid()
+    its stop on), rather than serve on a port nobody manages. The command's pid comes from the
+    command itself: it may be gone before this child has started to look."""
+    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
     while os.getppid() == parent:
         await asyncio.sleep(1.0)
     log.warning("the gateway command that started this process is gone; stopping")
