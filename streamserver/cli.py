@@ -361,7 +361,7 @@ def _run_server(app, settings, args: argparse.Namespace, classroom, tls=None) ->
     from streamserver.api.app import metrics_app
     from streamserver.heap import freeze_startup_heap
     from streamserver.logs import set_process_fields
-    from streamserver.transport.udp import use_serving_loop
+    from streamserver.transport.udp import use_draining_loop
 
     index = processes.child_index()  # one of `gateway --processes`: its port shared with its siblings
     metrics_port = None if args.metrics_port is None else args.metrics_port + (index or 0)
@@ -387,7 +387,7 @@ def _run_server(app, settings, args: argparse.Namespace, classroom, tls=None) ->
 
         app.cleanup_ctx.append(watch_parent)
     set_process_fields(gateway=settings.gateway_name)  # on every JSON log line (streamserver/logs.py)
-    use_serving_loop()  # uvloop, else asyncio's reading UDP sockets until empty (transport/udp.py)
+    use_draining_loop()  # UDP sockets read until empty each turn: a late turn is made up (transport/udp.py)
     web.run_app(app, host=settings.host, port=settings.port, print=None, access_log=None,
                 keepalive_timeout=args.header_timeout, ssl_context=tls.context() if tls else None,
                 reuse_port=index is not None)

@@ -9,8 +9,6 @@ import socket
 import threading
 import time
 
-import pytest
-
 from streamserver.transport import udp
 
 PACKET_S = 0.02  # one student's RTP packet interval
@@ -88,27 +86,12 @@ def test_the_draining_loop_keeps_up_on_the_same_slow_turns():
     assert age < 2 * TURN_S + PACKET_S  # read in the turn after the one it arrived in
 
 
-def test_uvloop_keeps_up_on_the_same_slow_turns():
-    """The loop the server runs on where uvloop is installed: libuv reads a readable socket
-    until it is empty, so a late turn is made up as on the draining loop."""
-    import uvloop
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        sent, read, age = runner.run(_one_student_on_a_slow_loop())
-    assert read == sent
-    assert age < 2 * TURN_S + PACKET_S
-
-
-@pytest.mark.parametrize("choice", ["", "asyncio"])
-def test_use_serving_loop_makes_every_new_loop_the_serving_one(monkeypatch, choice):
-    import uvloop
-
-    monkeypatch.setenv(udp.EVENT_LOOP_ENV, choice)
+def test_use_draining_loop_makes_every_new_loop_drain():
     before = asyncio.get_event_loop_policy()
     try:
-        udp.use_serving_loop()
+        udp.use_draining_loop()
         loop = asyncio.new_event_loop()
-        assert isinstance(loop, udp.DrainingEventLoop if choice == "asyncio" else uvloop.Loop)
+        assert isinstance(loop, udp.DrainingEventLoop)
         loop.close()
     finally:
         asyncio.set_event_loop_policy(before)

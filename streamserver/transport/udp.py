@@ -13,27 +13,19 @@ tests/test_udp_drain.py reproduces it). Read until the socket is empty
 long enough to leave more than one packet in a socket, a late turn is made up in the next one;
 a larger receive buffer (RCVBUF) rides out the late turn itself.
 
-Where uvloop is installed (a dependency of the package on Linux and macOS) the server runs on
-uvloop instead (serving_loop()): libuv reads a readable UDP socket until it is empty (up to 32
-datagrams a wake) as this loop does, and its work per event, a WebSocket message's or a
-datagram's, is less than asyncio's (benchmarks/README.md, "The gateway's event loop");
-STREAMSERVER_EVENT_LOOP=asyncio keeps this loop. The load simulator keeps this loop: its
-students' sends are timers, which the coalescing selector serves many to a wake, and uvloop one
-by one. asyncio has no public hook for its
-datagram transport, so this subclasses its selector loop's transport factory and transport (the
-names in ASYNCIO_INTERNALS, checked by the test against Python 3.11).
+Installed by the server and the load simulator with use_draining_loop(); asyncio has no public
+hook for its datagram transport, so this subclasses its selector loop's transport factory and
+transport (the names in ASYNCIO_INTERNALS, checked by the test against Python 3.11).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import selectors
 import socket
 import time
 from asyncio import selector_events
-from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -140,29 +132,7 @@ class DrainingPolicy(asyncio.DefaultEventLoopPolicy):
     _loop_factory = DrainingEventLoop
 
 
-EVENT_LOOP_ENV = "STREAMSERVER_EVENT_LOOP"  # "asyncio": the DrainingEventLoop even where uvloop is installed
-
-
-def serving_loop() -> Callable[[], asyncio.AbstractEventLoop]:
-    """The factory of the event loop a gateway runs on: uvloop's where it is installed, else a
+def use_draining_loop() -> None:
+    """Every event loop made from now on in this process (asyncio.run, aiohttp's run_app) is a
     DrainingEventLoop."""
-    if os.environ.get(EVENT_LOOP_ENV, "") != "asyncio":
-        try:
-            import uvloop
-        except ImportError:  # a platform without its wheels
-            pass
-        else:
-            return uvloop.new_event_loop
-    return DrainingEventLoop
-
-
-def use_serving_loop() -> None:
-    """Every event loop made from now on in this process (asyncio.run, aiohttp's run_app) is
-    serving_loop()'s."""
-    factory = serving_loop()
-
-    class Policy(asyncio.DefaultEventLoopPolicy):
-        def new_event_loop(self) -> asyncio.AbstractEventLoop:
-            return factory()
-
-    asyncio.set_event_loop_policy(Policy())
+    asyncio.set_event_loop_policy(DrainingPolicy())
