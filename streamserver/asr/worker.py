@@ -34,7 +34,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, deque
-from typing import Awaitable, Callable
+from typing import Awaitable
 
 from engines.engine import Engine
 from streamserver.asr.batch import BatchRecogniser
@@ -77,25 +77,25 @@ async def cancel_for_sure(task: asyncio.Task) -> None:
         log.debug("worker task ended with %r", task.exception())
 
 
-async def by_student(results: list[tuple[Entry, TranscriptEvent | None]],
-                     step: Callable[[tuple[Entry, TranscriptEvent | None]], Awaitable[None]]) -> None:
-    """`step` for each result: one student's in the order they spoke, the students side by side.
-    Each publication is a round trip to the queue, and under load Redis answers each later; one
-    after the other, a batch's round trips held the worker longer than its engine did, so it
-    took fewer and larger batches while every final waited longer (benchmarks/README.md, "Past
-    capacity"). Every step is tried; the first error is raised once all are over."""
-    lanes: dict[str, list[tuple[Entry, TranscriptEvent | None]]] = {}
+Result = tuple[Entry, TranscriptEvent | None]
+
+
+def by_student(results: list[Result]) -> list[list[Result]]:
+    """The results in lanes, one a student, each in the order spoken: a batch's publications go
+    side by side (side_by_side), one student's in order. Each publication is a round trip to the
+    queue, and under load Redis answers each later; one after the other, a batch's round trips
+    held the worker longer than its engine did, so it took fewer and larger batches while every
+    final waited longer (benchmarks/README.md, "The current code at its defaults")."""
+    lanes: dict[str, list[Result]] = {}
     for result in results:
         u = result[0][1]
         lanes.setdefault(f"{u.room_id}/{u.student_id}", []).append(result)
+    return list(lanes.values())
 
-    async def lane(steps: list[tuple[Entry, TranscriptEvent | None]]) -> None:
-        for result in steps:
-            await step(result)
 
-    if len(lanes) == 1:
-        return await lane(next(iter(lanes.values())))
-    errors = [e for e in await asyncio.gather(*(lane(s) for s in lanes.values()), return_exceptions=True) if e is not None]
+async def side_by_side(lanes: list[Awaitable[None]]) -> None:
+    """Every lane run to its end; the first error raised once all are over."""
+    errors = [e for e in await asyncio.gather(*lanes, return_exceptions=True) if e is not None]
     if errors:
         raise errors[0]
 
@@ -326,7 +326,7 @@ class AsrWorker:
         results = await self.recogniser.run(batch + riders)
         self._worked(started, batch + riders)
         captions = await self._keep_speculations([r for r in results if r[0][1].kind == "speculative"])
-        await by_student([r for r in results if r[0][1].kind == "final"], self._finished)
+        await side_by_side([self._finish_in_order(lane) for lane in by_student([r for r in results if r[0][1].kind == "final"])])
         # Captions last: a final never waits for a caption's round trip to Redis.
         await self._publish_partials(captions + [r for r in results if r[0][1].kind == "partial"])
 
@@ -430,7 +430,7 @@ class AsrWorker:
         recognising (to wait for)."""
         ready, rest, waiting = await finals_from_speculations(self.queue, batch)
         self.metrics.speculations.labels(outcome="used_by_worker").inc(len(ready))
-        await by_student(ready, self._finished)
+        await side_by_side([self._finish_in_order(lane) for lane in by_student(ready)])
         return rest, waiting
 
     async def _settle_deferred(self) -> None:
@@ -464,25 +464,26 @@ class AsrWorker:
             self._worked(started, partial, essential=False)
             await self._publish_partials(results)
 
-    async def _publish_partials(self, results: list[tuple[Entry, TranscriptEvent | None]]) -> None:
-        await by_student([r for r in results if r[1] is not None and r[1].text], self._publish_partial)
+    async def _publish_partials(self, results: list[Result]) -> None:
+        shown = [r for r in results if r[1] is not None and r[1].text]
+        await side_by_side([self._publish_partials_in_order(lane) for lane in by_student(shown)])
 
-    async def _publish_partial(self, result: tuple[Entry, TranscriptEvent | None]) -> None:
-        (_, u), event = result
-        assert event is not None
-        try:
-            sent = await self.queue.publish_partial(TranscriptPartialEvent.of(u, event.text, event.language))
-        except UNREACHABLE:
-            return
-        self.metrics.partials.labels(outcome="published" if sent else "late").inc()
+    async def _publish_partials_in_order(self, lane: list[Result]) -> None:
+        for (_, u), event in lane:
+            assert event is not None
+            try:
+                sent = await self.queue.publish_partial(TranscriptPartialEvent.of(u, event.text, event.language))
+            except UNREACHABLE:
+                continue
+            self.metrics.partials.labels(outcome="published" if sent else "late").inc()
 
-    async def _finished(self, result: tuple[Entry, TranscriptEvent | None]) -> None:
-        """A final's result published, or its failure counted."""
-        (entry_id, u), event = result
-        if event is None:
-            await self._failed(entry_id, u)
-        else:
-            await self._complete(entry_id, u, event)
+    async def _finish_in_order(self, lane: list[Result]) -> None:
+        """One student's finals published (or their failures counted), in the order spoken."""
+        for (entry_id, u), event in lane:
+            if event is None:
+                await self._failed(entry_id, u)
+            else:
+                await self._complete(entry_id, u, event)
 
     async def _complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> None:
         fresh = await self._until_reachable(self.queue.complete, entry_id, u, event)
