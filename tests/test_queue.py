@@ -38,6 +38,15 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 120))
 
 
+async def drained(producer: RedisQueue, worker: asyncio.Task, timeout_s: float) -> None:
+    """Wait up to timeout_s for the worker to empty the queue, stop it, and check it did."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while await producer.depth() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    await cancel_for_sure(worker)
+    assert await producer.depth() == 0
+
+
 @pytest.fixture()
 def fresh(redis_url: str) -> str:
     client = redis.Redis.from_url(redis_url)
@@ -95,13 +104,7 @@ def test_jobs_of_a_dead_worker_are_claimed_and_published_once(fresh, tiny_engine
         assert len(taken) == 3
         live = RedisQueue(fresh, "live-worker")
         worker = AsrWorker(tiny_engine, live, None, max_batch=8)
-        task = asyncio.create_task(worker.run())
-        for _ in range(200):
-            await asyncio.sleep(0.1)
-            if await producer.depth() == 0:
-                break
-        await cancel_for_sure(task)
-        assert await producer.depth() == 0
+        await drained(producer, asyncio.create_task(worker.run()), 20)
         for q in (producer, dead, live):
             await q.close()
         events = [e for e in history(fresh, "r1") if e["type"] == "transcript"]
@@ -207,13 +210,7 @@ def test_a_batch_s_finals_are_published_side_by_side(fresh, tiny_engine, librivo
         q = SlowRedis(fresh, "w1")
         worker = AsrWorker(tiny_engine, q, None, max_batch=16)
         worker.batch_budget_s = 60.0  # the whole queue in one batch, however slow this machine's engine
-        task = asyncio.create_task(worker.run())
-        for _ in range(600):
-            await asyncio.sleep(0.05)
-            if await producer.depth() == 0:
-                break
-        await cancel_for_sure(task)
-        assert await producer.depth() == 0
+        await drained(producer, asyncio.create_task(worker.run()), 30)
         await producer.close()
         await q.close()
         events = [e for e in history(fresh, "r1") if e["type"] == "transcript"]
