@@ -50,6 +50,19 @@ def cluster_tools_missing() -> str | None:
     return None
 
 
+def cluster_settled(nodes) -> bool:  # noqa: ANN001 - nodes with .alive and .ask(*command)
+    """Every live node sees the cluster ok, and every replica is linked to its primary."""
+    for node in nodes:
+        if not node.alive:
+            continue
+        if "cluster_state:ok" not in node.ask("CLUSTER", "INFO"):
+            return False
+        role = node.ask("ROLE")
+        if role[0] == "slave" and role[3] != "connected":
+            return False
+    return True
+
+
 class _Node:
     """One redis-server process with its own directory and log."""
 
@@ -175,16 +188,7 @@ class RedisClusterServers(_Deployment):
         return self
 
     def _settled(self) -> bool:
-        """Every node sees the cluster ok, and every replica is linked to its primary."""
-        for node in self.nodes:
-            if not node.alive:
-                continue
-            if "cluster_state:ok" not in node.ask("CLUSTER", "INFO"):
-                return False
-            role = node.ask("ROLE")
-            if role[0] == "slave" and role[3] != "connected":
-                return False
-        return True
+        return cluster_settled(self.nodes)
 
     def primaries(self) -> dict[int, tuple[int, int]]:
         """Port of each live primary -> the (first, last) of its slot ranges, as a live node sees it."""
