@@ -22,8 +22,10 @@ from streamserver.bus.ordered import OrderedPublisher
 from streamserver.capacity import Capacity
 from streamserver.config import Settings
 from streamserver.events import StudentEvent
+from streamserver.heap import give_back_freed_memory
 from streamserver.loop_lag import LoopLag
 from streamserver.metrics import Metrics
+from streamserver.queue.base import UNREACHABLE
 from streamserver.queue.sink import Busy, UtteranceSink
 from streamserver.rooms.acks import Acks
 from streamserver.rooms.admission import Admission, AddressLimits
@@ -77,8 +79,15 @@ class Classroom:
         self.sink.start()
         self.seats.start()
         for work in (self.sink.watch_depth(), self.upkeep.run(), self.loop_lag.run(),
-                     Acks(self.connections, self.sink).run(), self.capacity.run()):
+                     Acks(self.connections, self.sink).run(), self.capacity.run(), give_back_freed_memory(self._load)):
             self.spawn(work)
+
+    async def _load(self) -> int:
+        """What holds memory here: the streams, and the utterances waiting for recognition."""
+        try:
+            return len(self.connections) + await self.sink.depth()
+        except UNREACHABLE:  # the queue is away: the streams alone
+            return len(self.connections)
 
     async def stop(self) -> None:
         self.capacity.stopped = True
@@ -99,22 +108,23 @@ class Classroom:
 
     async def open_stream(self, room: Room, student_id: str, name: str, address: str, end: End,
                           limits: AddressLimits = AddressLimits(), tell: Tell | None = None,
-                          catch_up: bool = False, resumed: bool = False) -> StudentAudio:
+                          catch_up: bool = False, resumed: bool = False, source: str = "") -> StudentAudio:
         """A student's audio over a transport the caller owns (WebSocket ingest): `end` closes it,
-        `tell` sends its client a message; `catch_up` and `resumed` as connect_student's. The
+        `tell` sends its client a message; `catch_up`, `resumed` and `source` as join's. The
         caller pushes 16 kHz PCM into the returned StudentAudio and calls close_stream at the end.
         Raises RoomFull, Busy, TooManyFromAddress or BusError."""
-        audio, new = await self.join(room, student_id, name, address, limits, catch_up, resumed)
+        audio, new = await self.join(room, student_id, name, address, limits, catch_up, resumed, source)
         await self.joined(room, student_id, Connection(end, audio, address, tell), new)
         return audio
 
     async def join(self, room: Room, student_id: str, name: str, address: str, limits: AddressLimits,
-                   catch_up: bool = False, resumed: bool = False) -> tuple[StudentAudio, bool]:
+                   catch_up: bool = False, resumed: bool = False, source: str = "") -> tuple[StudentAudio, bool]:
         """Seat a student, whatever the transport: its new pipeline, and whether it is new to the
         room; counted as joining until joined() or not_joined(). A reconnect replaces its old
         connection and keeps its seat, even in a full room and when the server is busy (a seated
         student is never dropped to make room; one that proves its identity and brings audio
-        back may have been seated by a gateway that is gone)."""
+        back may have been seated by a gateway that is gone). `source`: whose share of the room's
+        queue its utterances count in (tokens.Claim.queue_source; by default its address)."""
         key = (room.room_id, student_id)
         self.admission.check(room.room_id, address, limits, self.connections.from_address(room.room_id, address, student_id))
         seated = student_id in room.students
@@ -135,7 +145,7 @@ class Classroom:
                     gone.close(flush=not catch_up)  # catching up: the page sends its speech again
             if old:
                 await old.end("replaced by a newer connection of this student", CLOSE_REPLACED)
-            return self.student_audio(room, student_id, name), new
+            return self.student_audio(room, student_id, name, source=source or address), new
         except BaseException:
             await self.not_joined(room, student_id, not seated)
             raise
@@ -184,11 +194,12 @@ class Classroom:
             student.speaking = kind == "speaking_started" or (student.speaking and kind != "speaking_stopped")
             await self.publisher.publish(StudentEvent(room.room_id, student_id, student.name, kind))
 
-    def student_audio(self, room: Room, student_id: str, name: str, pacer: Pacer | None = None) -> StudentAudio:
+    def student_audio(self, room: Room, student_id: str, name: str, pacer: Pacer | None = None,
+                      source: str = "") -> StudentAudio:
         """A student's pipeline: paced, VAD with this server's settings, to the sink."""
         return StudentAudio(room.room_id, student_id, name, room.language, self.sink,
                             lambda speaking: self.spawn(self._event(room, student_id, "speaking_started" if speaking else "speaking_stopped")),
-                            self.segmenter_config, pacer or self.pacer())
+                            self.segmenter_config, pacer or self.pacer(), source=source)
 
     def pacer(self) -> Pacer:
         """A stream's pace limit (audio/pacing.py) at this server's rate; its refusals counted."""

@@ -49,6 +49,9 @@ class Utterance:
     stream_span: tuple[float, float] | None = None
     recovered: bool = False  # ... and it was sent again: spoken before a break, recognised after
     stream_clock: str = ""  # which clock: one per page load (a reload starts a new one at 0)
+    # Whose share of the room's queue it counts in (queue/fair.py): the client address of the
+    # room's shared link, the link of a per-student one ("link:<student>").
+    source: str = ""
 
     @property
     def is_hint(self) -> bool:
@@ -145,7 +148,8 @@ class UtteranceQueued(Event):
 @dataclass
 class UtteranceDropped(Event):
     """An utterance the recognition queue refused (its student, its room or the whole queue was
-    at its bound): said out loud, never lost in silence."""
+    at its bound), or one that gave its place to another source's at its room's bound: said out
+    loud, never lost in silence."""
 
     room_id: str
     utterance_id: str

@@ -17,14 +17,15 @@ from streamserver.transport import recovery, webrtc
 
 async def connect_student(classroom: Classroom, room: Room, student_id: str, name: str, offer_sdp: str, address: str,
                           limits: AddressLimits = AddressLimits(), keeps: dict | None = None, resumed: bool = False,
-                          watch: Callable[[StudentAudio], PcmTaker] = lambda audio: audio) -> str:
+                          watch: Callable[[StudentAudio], PcmTaker] = lambda audio: audio, source: str = "") -> str:
     """Answer a student's offer: the answer. A reconnect replaces the old peer and keeps the
     identity. `keeps`: the page keeps its audio ({"catch_up": bool, "clock": name}: it will send
     what was not acknowledged); `resumed`: it proved its identity (rooms/identity.py); `watch`:
-    what the peer's audio passes through on its way to the pipeline (rooms/idle.py). Raises
+    what the peer's audio passes through on its way to the pipeline (rooms/idle.py); `source` as
+    Classroom.join's. Raises
     OfferError, and as Classroom.open_stream."""
     catch_up = bool(keeps and keeps.get("catch_up"))
-    audio, new = await classroom.join(room, student_id, name, address, limits, catch_up, resumed)
+    audio, new = await classroom.join(room, student_id, name, address, limits, catch_up, resumed, source)
     settings = classroom.settings
     try:
         if keeps is not None:

@@ -35,9 +35,9 @@ def live(tiny_engine):
         yield app
 
 
-def utterance(room: str, student: str) -> Utterance:
+def utterance(room: str, student: str, source: str = "") -> Utterance:
     t = now()
-    return Utterance(uuid.uuid4().hex, room, student, "Ann", "en", np.zeros(1600, np.float32), t, t)
+    return Utterance(uuid.uuid4().hex, room, student, "Ann", "en", np.zeros(1600, np.float32), t, t, source=source)
 
 
 # --- pacing and queue bounds ------------------------------------------------------------------
@@ -85,12 +85,18 @@ def test_memory_queue_bounds_each_student_room_and_the_whole():
     asyncio.run(body())
 
 
+async def _bounded_redis_queue(redis_url: str) -> tuple[RedisQueue, RedisQueue]:
+    """An empty Redis queue bounded at 100 in all, 3 a room and 2 a student: a gateway's side and a worker's."""
+    producer = RedisQueue(redis_url, bounds=Bounds(total=100, per_room=3, per_student=2))
+    worker = RedisQueue(redis_url, "bounds-worker")
+    await producer.redis.flushdb()
+    await worker.ensure_group()
+    return producer, worker
+
+
 def test_redis_queue_bounds_are_counted_with_the_stream(redis_url):
     async def body() -> None:
-        producer = RedisQueue(redis_url, bounds=Bounds(total=100, per_room=3, per_student=2))
-        worker = RedisQueue(redis_url, "bounds-worker")
-        await producer.redis.flushdb()
-        await worker.ensure_group()
+        producer, worker = await _bounded_redis_queue(redis_url)
         await producer.submit(utterance("a", "s1"))
         await producer.submit(utterance("a", "s1"))
         with pytest.raises(QueueFull) as full:
@@ -107,6 +113,53 @@ def test_redis_queue_bounds_are_counted_with_the_stream(redis_url):
             await worker.complete(entry_id, u, NoSpeechEvent.of(u))  # a second delivery counts nothing out
         assert await producer.backlog() == {} and await producer.depth() == 0
         await producer.submit(utterance("a", "s1"))
+        await producer.close()
+        await worker.close()
+
+    asyncio.run(body())
+
+
+async def _a_flooding_source_gives_way(queue, worker) -> None:  # noqa: ANN001 - either queue
+    """Room "a" (bound 3) filled by students of one source: another source's utterance takes the
+    place of the flooder's newest waiting one, never of one a worker holds; the flooder's next is
+    refused; counts stay exact."""
+    held = [utterance("a", "s1", "flood")]
+    await queue.submit(held[0])
+    [(held_id, _)] = await worker.read(1, 100)  # delivered: never displaced
+    flood = [utterance("a", "s2", "flood"), utterance("a", "s3", "flood")]
+    for u in flood:
+        assert await queue.submit(u) is None
+    ann = utterance("a", "ann", "10.0.0.2")
+    displaced = await queue.submit(ann)
+    assert (displaced.utterance_id, displaced.student_id) == (flood[1].utterance_id, "s3")
+    with pytest.raises(QueueFull) as full:  # the flooder holds 2, Ann 1: the flooder is refused
+        await queue.submit(utterance("a", "s4", "flood"))
+    assert full.value.scope == "room"
+    assert (await queue.submit(utterance("a", "ann", "10.0.0.2"))).utterance_id == flood[0].utterance_id
+    with pytest.raises(QueueFull):  # now the flooder holds 1 (its utterance in recognition), Ann 2
+        await queue.submit(utterance("a", "ann", "10.0.0.2"))
+    assert await queue.backlog() == {"a": 3}
+    entries = [(held_id, held[0])] + await worker.read(10, 100)
+    assert sorted(u.student_id for _, u in entries) == ["ann", "ann", "s1"]
+    for entry_id, u in entries:
+        await worker.complete(entry_id, u, NoSpeechEvent.of(u))
+    assert await queue.backlog() == {} and await queue.depth() == 0
+    for student in ("s5", "s6", "s7"):  # the room's places all came back
+        assert await queue.submit(utterance("a", student, "flood")) is None
+
+
+def test_memory_queue_a_flooding_source_gives_way_at_the_rooms_bound():
+    async def body() -> None:
+        queue = MemoryQueue(OrderedPublisher(MemoryBus()), bounds=Bounds(total=100, per_room=3, per_student=2))
+        await _a_flooding_source_gives_way(queue, queue)
+
+    asyncio.run(body())
+
+
+def test_redis_queue_a_flooding_source_gives_way_at_the_rooms_bound(redis_url):
+    async def body() -> None:
+        producer, worker = await _bounded_redis_queue(redis_url)
+        await _a_flooding_source_gives_way(producer, worker)
         await producer.close()
         await worker.close()
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import redis
 
-from streamserver.queue.fair import fair_batch
+from streamserver.queue.fair import FairTurns, gives_way
 from streamserver.asr.worker import AsrWorker, cancel_for_sure
 from streamserver.bus.keys import history_key
 from streamserver.events import TranscriptEvent, Utterance, now
@@ -65,9 +65,27 @@ def test_job_encoding_round_trip():
 
 def test_fair_share_gives_every_room_a_place():
     waiting = [("loud", i) for i in range(20)] + [("quiet", 0), ("other", 0)]
-    batch = fair_batch(waiting, 4, lambda item: item[0])
+    batch = FairTurns().batch(waiting, 4, lambda item: (item[0], ""))
     assert sorted(room for room, _ in batch) == ["loud", "loud", "other", "quiet"]
     assert len(waiting) == 18 and all(room == "loud" for room, _ in waiting)
+
+
+def test_fair_turns_carry_over_batches_of_one_and_share_a_room_by_source():
+    """Batches of one (a CPU): a room behind another's backlog waits for one utterance, not the
+    backlog; inside a room, a source that floods it takes turns with the room's other sources."""
+    turns, share = FairTurns(), lambda item: item[:2]
+    waiting = [("A", "flood", i) for i in range(10)]
+    assert turns.batch(waiting, 1, share) == [("A", "flood", 0)]
+    waiting += [("B", "bob", 0), ("A", "ann", 0), ("A", "flood", 10)]
+    taken = [turns.batch(waiting, 1, share)[0] for _ in range(4)]
+    assert taken == [("B", "bob", 0), ("A", "ann", 0), ("A", "flood", 1), ("A", "flood", 2)]
+
+
+def test_the_source_holding_most_of_a_room_gives_way():
+    assert gives_way({"flood": 190, "ann": 2}, "ann") == "flood"
+    assert gives_way({"flood": 190, "ann": 2}, "bob") == "flood"
+    assert gives_way({"school": 200}, "school") is None  # one address (a NAT): refused, as before
+    assert gives_way({"a": 100, "b": 100}, "a") is None
 
 
 def test_duplicate_publication_is_suppressed(fresh):

@@ -32,7 +32,7 @@ HOOKS = {
     "tell": "a message to the client (an ack, \"ended\"): control, not audio",
     "pacer": "makes a pacer",
     "on_speaking": "the room's 'speaking' mark: an event, not the data path",
-    "room_of": "a sort key",
+    "share_of": "a sort key: an item's room and source",
 }
 
 

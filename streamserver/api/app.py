@@ -226,7 +226,7 @@ async def offer(request: web.Request) -> web.Response:
         async with request.app[JOINS].of(room.room_id, student.student_id):
             answer = await webrtc_join.connect_student(request.app[CLASSROOM], room, student.student_id, name, sdp,
                                                        request.remote or "", claim.limits, keeps, student.resumed,
-                                                       request.app[IDLE].watch)
+                                                       request.app[IDLE].watch, claim.queue_source(request.remote or ""))
     except (RoomFull, TooManyFromAddress) as error:
         return _error(429, str(error))
     except Busy as error:
@@ -260,7 +260,7 @@ async def ingest(request: web.Request) -> web.StreamResponse:
     try:
         async with request.app[JOINS].of(room.room_id, student_id):
             audio = await classroom.open_stream(room, student_id, name, request.remote or "", end, claim.limits,
-                                                ws.send_json, catch_up, student.resumed)
+                                                ws.send_json, catch_up, student.resumed, claim.queue_source(request.remote or ""))
     except (RoomFull, TooManyFromAddress) as error:
         return _error(429, str(error))
     except Busy as error:

@@ -7,8 +7,11 @@ max_batch, and no more than the engine gets through in `batch_budget_s` at its m
 Nothing waits for a batch to fill: under light load an utterance is recognised alone at once;
 under load, batches grow by themselves while the engine is busy. The time budget bounds how
 long a batch holds the engine: an utterance of another room that arrives behind a backlog waits
-for the running batch and its own, each about a budget long (on a CPU, where the encoder runs
-one utterance at a time, batches of 16 take seconds). The queue
+for the running batch and its own, each about a budget long. On a CPU, where the encoder runs
+one utterance at a time, the budget is one utterance: a batch there saves a fraction of the
+engine's time, but holds each of its finals until its last row is done, and the next room's
+utterance waits for the whole running batch; rows also take twice as long while the host's cores
+carry a busy gateway (benchmarks/README.md, "100 parallel paced streams of one link"). The queue
 unreachable pauses the loop, which retries with backoff; a finished result whose publication
 failed is retried, never dropped.
 
@@ -45,7 +48,7 @@ from streamserver.intent import IntentClassifier
 from streamserver.metrics import Metrics
 from streamserver.queue.base import HINT_MAX_AGE_S, MAX_ATTEMPTS, UNREACHABLE, Entry, Speculation, UtteranceQueue, queued_at
 from streamserver.queue.publication import finals_from_speculations
-from streamserver.queue.fair import fair_batch
+from streamserver.queue.fair import FairTurns, entry_share
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 0.25  # also how often dead workers' jobs are looked for
@@ -112,10 +115,11 @@ class AsrWorker:
         if partials not in PARTIAL_MODES:
             raise ValueError(f"partials must be one of {', '.join(PARTIAL_MODES)}, not {partials!r}")
         self.engine, self.queue, self.max_batch, self.partials = engine, queue, max_batch, partials
-        self.batch_budget_s = BATCH_BUDGET_S
+        self.batch_budget_s = BATCH_BUDGET_S if engine.batch_rows_cheap else 0.0  # a CPU: one utterance a batch
         self.metrics = metrics or Metrics()
         self.recogniser = BatchRecogniser(engine, intent, self.metrics)
         self.buffer: list[Entry] = []
+        self._turns = FairTurns()  # whose turn it is in the buffer (a Redis worker's read holds several rooms')
         self._in_progress: set[str] = set()
         self._rate = 0.0  # utterances/s, smoothed: what backpressure reads
         self._batch_rows = 1.0  # rows a batch, smoothed: how far the rate is from a full batch's (capacity)
@@ -251,7 +255,7 @@ class AsrWorker:
                 else:
                     self._hints_waiting = False
                 continue
-            batch = fair_batch(self.buffer, size, lambda e: e[1].room_id)
+            batch = self._turns.batch(self.buffer, size, entry_share)
             self._in_progress = {eid for eid, _ in batch}  # not to be claimed back from ourselves
             try:
                 await self._transcribe(batch)

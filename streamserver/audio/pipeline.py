@@ -48,8 +48,10 @@ class StudentAudio:
         config: SegmenterConfig | None = None,
         pacer: Pacer | None = None,
         hints: bool = True,
+        source: str = "",
     ) -> None:
         self.room_id, self.student_id, self.student_name, self.language = room_id, student_id, student_name, language
+        self.source = source  # whose share of the room's queue its utterances count in (Utterance.source)
         self.out = out  # the next stage (stages.py): the utterance sink
         self._hints = hints  # hand on the speech so far, for captions and speculation
         self._on_speaking = on_speaking  # the room's "speaking" mark: an event, not the data path
@@ -269,4 +271,5 @@ class StudentAudio:
             revision=speech.revision,
             # a final and its speculation carry it, to be matched; a partial needs none
             digest=audio_digest(speech.audio) if speech.kind != "partial" else "",
+            source=self.source,
         )

@@ -20,6 +20,10 @@ Recognition jobs
   asr:attempts:<entry>    failed recognitions of a job
   asr:backlog             hash of jobs not yet published: r:<room> and s:<room>:<student> -> count
                           (the queue's per-room and per-student bounds)
+  asr:shares:<room>       sorted set source -> the room's jobs not yet published that it holds
+                          (Utterance.source: whose share of the room's queue, queue/fair.py)
+  asr:room_jobs:<room>    list of the room's jobs not yet published, oldest first: "<stream id>
+                          <JSON place>" (redis_queue.py): the one that gives way at the room's bound
 Hints (best effort, lost with Redis: nothing of them is durable)
   asr:hints               hash utterance -> its newest hint, without its audio (queue/jobs.py
                           pack_hint_head)
@@ -118,6 +122,14 @@ def attempts_key(entry_id: str) -> str:
     return f"asr:attempts:{entry_id}"
 
 
+def shares_key(room_id: str) -> str:
+    return f"asr:shares:{room_id}"
+
+
+def room_jobs_key(room_id: str) -> str:
+    return f"asr:room_jobs:{room_id}"
+
+
 def backlog_fields(room_id: str, student_id: str) -> tuple[str, str]:
     return f"r:{room_id}", f"s:{room_id}:{student_id}"
 
@@ -206,6 +218,12 @@ class KeyLayout:
 
     def sent(self, room_id: str, spoken: str) -> str:
         return self.tag(room_id) + sent_key(room_id, spoken)
+
+    def shares(self, room_id: str) -> str:
+        return self.tag(room_id) + shares_key(room_id)
+
+    def room_jobs(self, room_id: str) -> str:
+        return self.tag(room_id) + room_jobs_key(room_id)
 
     def done(self, shard: int, utterance_id: str) -> str:
         return self.tags[shard] + done_key(utterance_id)

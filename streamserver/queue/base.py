@@ -16,7 +16,7 @@ Entry = tuple[str, Utterance]  # (entry id in the queue, the utterance): "<ms si
 # A queue that cannot be reached (Redis away, a socket error, a cluster failing a primary over):
 # callers retry with backoff.
 UNREACHABLE = REDIS_FAILURES
-__all__ = ["Bounds", "Entry", "MAX_ATTEMPTS", "QueueFull", "Speculation", "UNREACHABLE", "UtteranceQueue"]
+__all__ = ["Bounds", "Displaced", "Entry", "MAX_ATTEMPTS", "QueueFull", "Speculation", "UNREACHABLE", "UtteranceQueue"]
 MAX_ATTEMPTS = 3  # a job whose recognition failed this often is given up, with an event
 # Hints are best effort: one per utterance (the newest), speculative ones first, none older than
 # this (a newer one, or the final, has made it pointless), at most HINTS_MAX waiting in all.
@@ -86,6 +86,21 @@ class Speculation:
         return cls(fields["digest"], fields["event"], float(fields.get("pending_until", 0.0)))
 
 
+@dataclass(frozen=True)
+class Displaced:
+    """A waiting utterance that gave its place in its room's queue to another source's
+    (queue/fair.py gives_way): dropped, and said to the room as every drop is."""
+
+    room_id: str
+    utterance_id: str
+    student_id: str
+    end_of_speech_ts: float
+
+    @classmethod
+    def of(cls, u: Utterance) -> Displaced:
+        return cls(u.room_id, u.utterance_id, u.student_id, u.end_of_speech_ts)
+
+
 class QueueFull(Exception):
     """An utterance the queue refuses: `scope` ("student", "room" or "total") is the bound reached."""
 
@@ -101,9 +116,10 @@ class UtteranceQueue(Protocol):
     fair: bool
 
     # ---- the sink's side ----
-    async def submit(self, u: Utterance) -> str:
-        """Queue an utterance; its entry id. QueueFull past a bound; UNREACHABLE errors on a queue
-        that cannot be reached."""
+    async def submit(self, u: Utterance) -> Displaced | None:
+        """Queue an utterance; the waiting one it displaced, if its room was at its bound and
+        another source held more of it (queue/fair.py gives_way). QueueFull past a bound;
+        UNREACHABLE errors on a queue that cannot be reached."""
 
     async def depth(self) -> int:
         """Jobs not yet published: waiting plus being recognised."""

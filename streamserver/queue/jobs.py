@@ -20,7 +20,7 @@ def pcm16(audio: np.ndarray) -> bytes:
     return (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
 
 
-def _float_audio(pcm: bytes) -> np.ndarray:
+def float_audio(pcm: bytes) -> np.ndarray:
     return np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
 
 
@@ -30,6 +30,8 @@ def encode_job(u: Utterance) -> dict[str, bytes | str]:
     fields.update(start_ts=repr(u.start_ts), end_of_speech_ts=repr(u.end_of_speech_ts), cut="1" if u.cut else "0", audio=pcm)
     if u.digest:
         fields["digest"] = u.digest
+    if u.source:
+        fields["source"] = u.source
     if u.stream_span is not None:
         fields["stream_span"] = f"{u.stream_span[0]!r},{u.stream_span[1]!r}"
         fields["recovered"] = "1" if u.recovered else "0"
@@ -40,7 +42,7 @@ def encode_job(u: Utterance) -> dict[str, bytes | str]:
 def decode_job(fields: dict[bytes, bytes]) -> Utterance:
     try:
         text = {name: fields[name.encode()].decode() for name in _TEXT_FIELDS}
-        audio = _float_audio(fields[b"audio"])
+        audio = float_audio(fields[b"audio"])
         return Utterance(
             audio=audio,
             start_ts=float(fields[b"start_ts"]),
@@ -50,6 +52,7 @@ def decode_job(fields: dict[bytes, bytes]) -> Utterance:
             stream_span=_span(fields.get(b"stream_span")),
             recovered=fields.get(b"recovered") == b"1",
             stream_clock=fields.get(b"stream_clock", b"").decode(),
+            source=fields.get(b"source", b"").decode(),
             **text,
         )
     except (KeyError, ValueError, UnicodeDecodeError) as error:
@@ -83,6 +86,6 @@ def unpack_hint(head: bytes, pcm: bytes) -> Utterance:
     if len(pcm) < 2 * n:
         raise JobError(f"the hint's audio holds {len(pcm) // 2} of its {n} samples (expired?)")
     try:
-        return Utterance(audio=_float_audio(pcm[: 2 * n]), **hint)
+        return Utterance(audio=float_audio(pcm[: 2 * n]), **hint)
     except TypeError as error:
         raise JobError(f"not a hint: {error!r}") from error

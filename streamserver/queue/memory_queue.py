@@ -1,8 +1,11 @@
 """The recognition queue in this process (`serve`): the same promises as the Redis Stream, kept
 in memory for the ASR worker that runs beside the audio pipeline.
 
-A read takes jobs by per-room fair share from everything waiting (the whole queue is at hand
-here), so one room's backlog never holds back another room's next utterance by more than a batch.
+A read takes jobs by fair share (queue/fair.py: rooms, then sources inside a room) from
+everything waiting (the whole queue is at hand here), so one room's backlog never holds back
+another room's next utterance by more than a batch, nor one source's its classmates'. A waiting
+utterance's audio is kept as PCM16, as a job on the Redis Stream is: a room's backlog at its
+bound holds half the bytes.
 """
 
 from __future__ import annotations
@@ -11,12 +14,18 @@ import asyncio
 import itertools
 import time
 from collections import Counter, OrderedDict
+from dataclasses import replace
 from typing import Any
 
-from streamserver.queue.fair import fair_batch
+import numpy as np
+
+from streamserver.queue.fair import FairTurns, entry_share, gives_way
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance
-from streamserver.queue.base import HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Entry, QueueFull, Speculation, wanted_hints
+from streamserver.queue.base import (
+    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Displaced, Entry, QueueFull, Speculation, wanted_hints,
+)
+from streamserver.queue.jobs import float_audio, pcm16
 from streamserver.queue.publication import SPOKEN_KEPT_S, PublishedHere, recent, spoken_of
 
 ALIVE_TTL_S = 1.0  # as the Redis queue's: a worker silent this long has no capacity
@@ -30,8 +39,10 @@ class MemoryQueue:
         self.bounds = bounds
         self._per_room: Counter[str] = Counter()  # utterances not yet completed
         self._per_student: Counter[tuple[str, str]] = Counter()
+        self._per_source: dict[str, Counter[str]] = {}  # room -> its places held per source (fair.py)
+        self._turns = FairTurns()
         self._ids = itertools.count(1)
-        self._waiting: list[Entry] = []
+        self._waiting: list[Entry] = []  # their audio as PCM16 (_compact)
         self._pending: dict[str, tuple[Utterance, float]] = {}  # delivered, not completed: id -> (u, when)
         self._published = PublishedHere(publisher)  # stage 5: publish once (queue/publication.py)
         self._attempts: dict[str, int] = {}
@@ -44,25 +55,49 @@ class MemoryQueue:
         # (room, student clock) -> spans queued, on that clock (sent_spans)
         self._sent: OrderedDict[tuple[str, str], list[tuple[float, float]]] = OrderedDict()
 
-    async def submit(self, u: Utterance) -> str:
+    async def submit(self, u: Utterance) -> Displaced | None:
         b, student = self.bounds, (u.room_id, u.student_id)
         if self._per_student[student] >= b.per_student:
             raise QueueFull("student", b.per_student)
+        displaced = None
         if self._per_room[u.room_id] >= b.per_room:
-            raise QueueFull("room", b.per_room)
+            displaced = self._displace(u)
+            if displaced is None:
+                raise QueueFull("room", b.per_room)
         if len(self._waiting) + len(self._pending) >= b.total:
             raise QueueFull("total", b.total)
-        self._per_room[u.room_id] += 1
-        self._per_student[student] += 1
+        self._count(u, 1)
         entry_id = f"{int(time.time() * 1000)}-{next(self._ids)}"  # as a Redis stream's: queue.base.queued_at
-        self._waiting.append((entry_id, u))
+        self._waiting.append((entry_id, _compact(u)))
         if u.stream_span is not None:
             sent = recent(self._sent, (u.room_id, spoken_of(u.student_id, u.stream_clock)))
             sent.append(u.stream_span)
             sent[:] = [s for s in sent if s[1] > u.stream_span[1] - SPOKEN_KEPT_S]
         self._hints.pop(u.utterance_id, None)  # the final makes its hint pointless
         self._arrived.set()
-        return entry_id
+        return displaced
+
+    def _displace(self, u: Utterance) -> Displaced | None:
+        """The room is at its bound: the newest waiting utterance of the source holding the most
+        of it gives its place to `u`, if u's source holds fewer (fair.gives_way)."""
+        most = gives_way(self._per_source.get(u.room_id, {}), u.source)
+        for i in range(len(self._waiting) - 1, -1, -1) if most is not None else ():
+            victim = self._waiting[i][1]
+            if victim.room_id == u.room_id and victim.source == most:
+                del self._waiting[i]
+                self._count(victim, -1)
+                return Displaced.of(victim)
+        return None
+
+    def _count(self, u: Utterance, n: int) -> None:
+        """Count an utterance in (n=1) or out (n=-1) of its room's, its student's and its source's places."""
+        sources = self._per_source.setdefault(u.room_id, Counter())
+        for counts, key in ((self._per_room, u.room_id), (self._per_student, (u.room_id, u.student_id)), (sources, u.source)):
+            counts[key] += n
+            if counts[key] <= 0:
+                del counts[key]
+        if not sources:
+            del self._per_source[u.room_id]
 
     async def offer(self, hint: Utterance) -> None:
         if hint.utterance_id in self._published or (hint.utterance_id not in self._hints and len(self._hints) >= HINTS_MAX):
@@ -144,10 +179,10 @@ class MemoryQueue:
                 await asyncio.wait_for(self._arrived.wait(), block_ms / 1000)
             except TimeoutError:
                 return []
-        batch = fair_batch(self._waiting, count, lambda e: e[1].room_id)
+        batch = self._turns.batch(self._waiting, count, entry_share)
         delivered = time.monotonic()
         self._pending.update((entry_id, (u, delivered)) for entry_id, u in batch)
-        return batch
+        return [(entry_id, _full(u)) for entry_id, u in batch]
 
     async def claim_orphans(self) -> list[Entry]:
         """Jobs delivered longer than the visibility timeout ago and not completed (their
@@ -156,7 +191,7 @@ class MemoryQueue:
         stale = [(entry_id, u) for entry_id, (u, when) in self._pending.items() if now - when >= self.visibility_s]
         for entry_id, u in stale:
             self._pending[entry_id] = (u, now)
-        return stale
+        return [(entry_id, _full(u)) for entry_id, u in stale]
 
     async def heartbeat(self, stats: dict[str, Any]) -> None:
         rate = float(stats.get("capacity", stats.get("utt_per_s", 0.0)))
@@ -172,8 +207,7 @@ class MemoryQueue:
     async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
         fresh = await self._publish_once(event)  # raising: kept pending, the worker retries the completion
         if self._pending.pop(entry_id, None) is not None:
-            _decrement(self._per_room, u.room_id)
-            _decrement(self._per_student, (u.room_id, u.student_id))
+            self._count(u, -1)
         self._attempts.pop(entry_id, None)
         return fresh
 
@@ -185,8 +219,10 @@ class MemoryQueue:
         return None
 
 
-def _decrement(counts: Counter, key: object) -> None:
-    counts[key] -= 1
-    if counts[key] <= 0:
-        del counts[key]
+def _compact(u: Utterance) -> Utterance:
+    return replace(u, audio=np.frombuffer(pcm16(u.audio), "<i2"))
+
+
+def _full(u: Utterance) -> Utterance:
+    return replace(u, audio=float_audio(u.audio.tobytes()))
 

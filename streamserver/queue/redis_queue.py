@@ -38,7 +38,7 @@ from streamserver.bus.keys import (
 from streamserver.config import Settings
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
 from streamserver.queue.base import (
-    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Entry, QueueFull, Speculation, wanted_hints,
+    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Displaced, Entry, QueueFull, Speculation, wanted_hints,
 )
 from streamserver.queue.publication import PUBLISH_ONCE_LUA, SPOKEN_KEPT_S, span_args, spoken_of
 from streamserver.queue.jobs import JobError, decode_job, encode_job, pack_hint_head, pcm16, unpack_hint
@@ -64,17 +64,62 @@ FORGET_IDLE_MS = 10 * 60 * 1000  # a consumer with nothing pending, silent this 
 ROOMS_REMEMBERED = 100_000  # utterances whose room (so shard) this process remembers (a sharded queue)
 
 # Queue a job unless its student, its room or the whole queue is at its bound (the backlog
-# counts are kept with the stream, atomically); the utterance's hint and its audio go (the final
-# makes them pointless); its span on its student's clock is recorded (sent_key). KEYS: stream,
-# backlog, hints, hint order, hint audio, sent; ARGV: room field, student field, total, per room,
-# per student, utterance id, span start and end ('' for none), then the job's field/value pairs.
-# The entry id, or the name of the bound reached.
+# counts are kept with the stream, atomically). At the room's bound, the newest waiting job
+# (not yet delivered to a worker) of the source holding the most of the room gives its place, if
+# the job's source holds fewer (queue/fair.py gives_way: the same rule as the memory queue's).
+# The utterance's hint and its audio go (the final makes them pointless); its span on its
+# student's clock is recorded (sent_key). KEYS: stream, backlog, hints, hint order, hint audio,
+# sent, room jobs, shares; ARGV: room field, student field, total, per room, per student,
+# utterance id, span start and end ('' for none), source, place (_place), group, then the job's
+# field/value pairs. {entry id, the displaced job's room jobs element or ''}, or the name of the
+# bound reached.
 _SUBMIT = """
+local function after(a, b)
+  local am, as = string.match(a, '(%d+)-(%d+)')
+  local bm, bs = string.match(b, '(%d+)-(%d+)')
+  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
+  return am > bm or (am == bm and as > bs)
+end
+local function delivered_up_to()
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+    local info = {}
+    for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+    if info['name'] == ARGV[11] then return info['last-delivered-id'] end
+  end
+  return '0-0'
+end
+local function give_way()
+  local top = redis.call('ZREVRANGE', KEYS[8], 0, 0, 'WITHSCORES')
+  if #top < 2 or top[1] == ARGV[9] or tonumber(redis.call('ZSCORE', KEYS[8], ARGV[9]) or '0') >= tonumber(top[2]) then
+    return nil
+  end
+  local delivered, jobs = delivered_up_to(), redis.call('LRANGE', KEYS[7], 0, -1)
+  for i = #jobs, 1, -1 do
+    local cut = string.find(jobs[i], ' ', 1, true)
+    local id, place = string.sub(jobs[i], 1, cut - 1), cjson.decode(string.sub(jobs[i], cut + 1))
+    if not after(id, delivered) then return nil end
+    if place[3] == top[1] then
+      redis.call('XDEL', KEYS[1], id)
+      redis.call('LREM', KEYS[7], 1, jobs[i])
+      for _, field in ipairs({ARGV[1], place[5]}) do
+        if redis.call('HINCRBY', KEYS[2], field, -1) <= 0 then redis.call('HDEL', KEYS[2], field) end
+      end
+      if tonumber(redis.call('ZINCRBY', KEYS[8], -1, top[1])) <= 0 then redis.call('ZREM', KEYS[8], top[1]) end
+      return jobs[i]
+    end
+  end
+  return nil
+end
 if tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0') >= tonumber(ARGV[5]) then return 'student' end
-if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') >= tonumber(ARGV[4]) then return 'room' end
+local displaced = ''
+if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') >= tonumber(ARGV[4]) then
+  displaced = give_way()
+  if not displaced then return 'room' end
+end
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 'total' end
 redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
 redis.call('HINCRBY', KEYS[2], ARGV[2], 1)
+redis.call('ZINCRBY', KEYS[8], 1, ARGV[9])
 redis.call('HDEL', KEYS[3], ARGV[6])
 redis.call('ZREM', KEYS[4], ARGV[6])
 redis.call('DEL', KEYS[5])
@@ -84,7 +129,9 @@ if ARGV[7] ~= '' then
   redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', e - SPOKEN_KEPT)
   redis.call('EXPIRE', KEYS[6], SPOKEN_KEPT)
 end
-return {redis.call('XADD', KEYS[1], '*', unpack(ARGV, 9))}
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 12))
+redis.call('RPUSH', KEYS[7], id .. ' ' .. ARGV[10])
+return {id, displaced}
 """.replace("SPOKEN_KEPT", str(SPOKEN_KEPT_S))
 
 # Keep an utterance's newest hint, unless it is published already or HINTS_MAX wait. A partial
@@ -146,21 +193,24 @@ return 1
 """
 
 # The worker's completion: publish once, acknowledge and delete the job, and count it out of the
-# backlog (once: only the delivery that deletes it): atomically, so that no crash can publish
-# twice or acknowledge without publishing. KEYS: done, history, jobs, backlog, class transcript,
-# spoken, hint audio (no more hints); ARGV: channel, event, history length, group, entry id, done
-# TTL, history field, the two backlog fields, is a final, retention, span start, span end,
-# recovered, token (publication.py: '' publishes here). 1: the first result; 2: the first, this
-# caller's, written already; 0: not the first.
+# backlog and its source's share (once: only the delivery that deletes it): atomically, so that
+# no crash can publish twice or acknowledge without publishing. KEYS: done, history, jobs,
+# backlog, class transcript, spoken, hint audio (no more hints), room jobs, shares; ARGV: channel,
+# event, history length, group, entry id, done TTL, history field, the two backlog fields, is a
+# final, retention, span start, span end, recovered, source, place (_place), token
+# (publication.py: '' publishes here). 1: the first result; 2: the first, this caller's, written
+# already; 0: not the first.
 _COMPLETE = PUBLISH_ONCE_LUA + """
 local fresh = publish_once(KEYS[1], KEYS[2], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[6], ARGV[7], ARGV[10], ARGV[11],
-                           KEYS[6], ARGV[12], ARGV[13], ARGV[14], ARGV[15])
+                           KEYS[6], ARGV[12], ARGV[13], ARGV[14], ARGV[17])
 redis.call('DEL', KEYS[7])
 redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
 if redis.call('XDEL', KEYS[3], ARGV[5]) == 1 then
   for i = 8, 9 do
     if redis.call('HINCRBY', KEYS[4], ARGV[i], -1) <= 0 then redis.call('HDEL', KEYS[4], ARGV[i]) end
   end
+  redis.call('LREM', KEYS[8], 1, ARGV[5] .. ' ' .. ARGV[16])
+  if tonumber(redis.call('ZINCRBY', KEYS[9], -1, ARGV[15])) <= 0 then redis.call('ZREM', KEYS[9], ARGV[15]) end
 end
 return fresh
 """
@@ -175,6 +225,12 @@ redis.call('DEL', KEYS[5])
 return publish_once(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7],
                     KEYS[4], ARGV[8], ARGV[9], ARGV[10], ARGV[11])
 """
+
+
+def _place(u: Utterance) -> str:
+    """A job's place in its room's list (after its stream id): what the submit script needs of a
+    job that gives way (utterance, student, source, end of speech, the student's backlog field)."""
+    return json.dumps([u.utterance_id, u.student_id, u.source, u.end_of_speech_ts, backlog_fields(u.room_id, u.student_id)[1]])
 
 
 def worker_client_name(worker: str) -> str:
@@ -267,7 +323,7 @@ class RedisQueue:
 
     # ---- gateway side ----
 
-    async def submit(self, u: Utterance) -> str:
+    async def submit(self, u: Utterance) -> Displaced | None:
         b = self.bounds
         fields = [item for pair in encode_job(u).items() for item in pair]
         self._hint_audio.pop(u.utterance_id, None)  # the script deletes its hint audio
@@ -275,15 +331,19 @@ class RedisQueue:
         span = [repr(u.stream_span[0]), repr(u.stream_span[1])] if u.stream_span is not None else ["", ""]
         sent = self.keys.sent(u.room_id, spoken_of(u.student_id, u.stream_clock))
         keys = [self.keys.jobs(shard), self.keys.backlog(shard), self.keys.hints(shard), self.keys.hint_order(shard),
-                self.keys.hint_audio(shard, u.utterance_id), sent]
-        args = [*backlog_fields(u.room_id, u.student_id), b.total, b.per_room, b.per_student, u.utterance_id, *span, *fields]
+                self.keys.hint_audio(shard, u.utterance_id), sent, self.keys.room_jobs(u.room_id), self.keys.shares(u.room_id)]
+        args = [*backlog_fields(u.room_id, u.student_id), b.total, b.per_room, b.per_student, u.utterance_id, *span,
+                u.source, _place(u), JOB_GROUP, *fields]
         # Queued once a replica holds it: a submit whose confirmation fails raises, and the sink
         # queues the utterance again (a second job of one utterance is published once).
         reply = await self.replication.run(self._submit, keys, args)
         if not isinstance(reply, list):
             scope = reply.decode()
             raise QueueFull(scope, {"student": b.per_student, "room": b.per_room}.get(scope, b.total))
-        return self._entry_id(shard, reply[0].decode())
+        if not reply[1]:
+            return None
+        utterance_id, student_id, _source, end_of_speech_ts, _field = json.loads(reply[1].partition(b" ")[2])
+        return Displaced(u.room_id, utterance_id, student_id, end_of_speech_ts)
 
     async def offer(self, hint: Utterance) -> None:
         uid, speculative = hint.utterance_id, hint.kind == "speculative"
@@ -599,11 +659,11 @@ class RedisQueue:
         keys = [self.keys.done(shard, u.utterance_id), self.keys.history(u.room_id), self.keys.jobs(shard),
                 self.keys.backlog(shard), self.keys.transcript(u.room_id),
                 self.keys.spoken(u.room_id, spoken_of(event.student_id, event.stream_clock)),
-                self.keys.hint_audio(shard, u.utterance_id)]
+                self.keys.hint_audio(shard, u.utterance_id), self.keys.room_jobs(u.room_id), self.keys.shares(u.room_id)]
         event_json = event.to_json()
         args = [self.keys.room_channel(u.room_id), event_json, self.history_len, JOB_GROUP, stream_id, int(DONE_TTL_S),
                 HISTORY_FIELD, *backlog_fields(u.room_id, u.student_id), int(is_final_transcript(event_json)),
-                self.transcript_retention_s, *span_args(event)]
+                self.transcript_retention_s, *span_args(event), u.source, _place(u)]
         reply, token = await self._replicated(self._complete, keys, args, f"{self.worker}/{entry_id}")
         return await self._publish_after(u.room_id, event_json, reply, token)
 

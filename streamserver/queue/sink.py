@@ -15,7 +15,7 @@ from streamserver.audio.resample import RATE as SAMPLE_RATE
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import Utterance, UtteranceDropped, UtteranceQueued
 from streamserver.metrics import Metrics
-from streamserver.queue.base import UNREACHABLE, QueueFull, UtteranceQueue
+from streamserver.queue.base import UNREACHABLE, Displaced, QueueFull, UtteranceQueue
 from streamserver.queue.publication import final_from_speculation
 from streamserver.queue.spool import Spool, SpoolError
 
@@ -98,8 +98,8 @@ class UtteranceSink:
         done = await self.queue.done_of(utterance_ids) if utterance_ids else set()
         return done | {uid for uid in utterance_ids if uid in self._settled}
 
-    def _settle(self, u: Utterance) -> None:
-        self._settled[u.utterance_id] = None
+    def _settle(self, utterance_id: str) -> None:
+        self._settled[utterance_id] = None
         if len(self._settled) > SETTLED_REMEMBERED:
             self._settled.popitem(last=False)
 
@@ -151,7 +151,7 @@ class UtteranceSink:
         deadline, delay = time.monotonic() + RETRY_FOR_S, 0.1
         while True:
             try:
-                await self.queue.submit(u)
+                displaced = await self.queue.submit(u)
                 break
             except QueueFull as error:
                 await self._refused(u, error)
@@ -165,21 +165,28 @@ class UtteranceSink:
                     return
                 if time.monotonic() > deadline:
                     self.dropped += 1
-                    self._settle(u)
+                    self._settle(u.utterance_id)
                     log.error("utterance %s of room %s dropped: the queue was unreachable for %.0fs (%s)",
                               u.utterance_id, u.room_id, RETRY_FOR_S, error)
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+        await self._queued(u, displaced)
+
+    async def _queued(self, u: Utterance, displaced: Displaced | None) -> None:
         self.queued += 1
         if self.fallback is not None:
             self.fallback.reachable()
         await self.publisher.publish(UtteranceQueued.of(u))  # a lost notice loses no speech
+        if displaced is not None:
+            self._full[u.room_id] = time.monotonic()  # the room is at its bound
+            await self._dropped(displaced, "it gave its place in the room's full queue to another link's utterance "
+                                           "(the link holding the most of it gives way)")
 
     async def _to_spool(self, u: Utterance) -> None:
         assert self.spool is not None
         await asyncio.to_thread(self.spool.put, u)  # fsync: off the event loop
-        self._settle(u)
+        self._settle(u.utterance_id)
         self.metrics.utterances.labels(outcome="spooled").inc()
         self._drain()
 
@@ -206,7 +213,7 @@ class UtteranceSink:
                 await asyncio.to_thread(self.spool.remove, path)  # its result goes to the room, not the queue
                 continue
             try:
-                await self.queue.submit(u)
+                displaced = await self.queue.submit(u)
             except QueueFull as error:
                 await self._refused(u, error)
             except UNREACHABLE:
@@ -216,10 +223,7 @@ class UtteranceSink:
                 delay = min(delay * 2, 2.0)
                 continue
             else:
-                self.queued += 1
-                if self.fallback is not None:
-                    self.fallback.reachable()
-                await self.publisher.publish(UtteranceQueued.of(u))
+                await self._queued(u, displaced)
             await asyncio.to_thread(self.spool.remove, path)
             delay = 0.2
         log.info("spool drained")
@@ -236,13 +240,16 @@ class UtteranceSink:
                 continue  # the drain sets it aside
 
     async def _refused(self, u: Utterance, error: QueueFull) -> None:
-        self.dropped += 1
-        self._settle(u)
-        self.metrics.utterances.labels(outcome="dropped").inc()
-        log.warning("utterance %s of student %s in room %s dropped: %s", u.utterance_id, u.student_id, u.room_id, error)
         if error.scope != "student":  # one student's flood is its own; a room's bound makes the room busy
             self._full["" if error.scope == "total" else u.room_id] = time.monotonic()
-        await self.publisher.publish(UtteranceDropped.of(u, str(error)))
+        await self._dropped(u, str(error))
+
+    async def _dropped(self, u: Utterance | Displaced, reason: str) -> None:
+        self.dropped += 1
+        self._settle(u.utterance_id)
+        self.metrics.utterances.labels(outcome="dropped").inc()
+        log.warning("utterance %s of student %s in room %s dropped: %s", u.utterance_id, u.student_id, u.room_id, reason)
+        await self.publisher.publish(UtteranceDropped(u.room_id, u.utterance_id, u.student_id, u.end_of_speech_ts, reason))
 
     async def depth(self) -> int:
         return await self.queue.depth()

@@ -21,7 +21,8 @@ from streamserver.events import Utterance
 
 _NAME = re.compile(r"^(\d{12})-[0-9a-f]{1,64}\.utt$")
 _RESULT = re.compile(r"^(\d{12})-[0-9a-f]{1,64}\.result$")
-_HEADER_FIELDS = ("utterance_id", "room_id", "student_id", "student_name", "language", "start_ts", "end_of_speech_ts", "cut")
+_HEADER_FIELDS = ("utterance_id", "room_id", "student_id", "student_name", "language", "start_ts", "end_of_speech_ts", "cut",
+                  "source")
 
 
 class SpoolError(ValueError):
@@ -85,7 +86,7 @@ class Spool:
             size = int.from_bytes(data[:4], "little")
             header = json.loads(data[4 : 4 + size])
             audio = np.frombuffer(data[4 + size :], "<i2").astype(np.float32) / 32768.0
-            return Utterance(audio=audio, **{name: header[name] for name in _HEADER_FIELDS})
+            return Utterance(audio=audio, **{name: header[name] for name in _HEADER_FIELDS if name in header})
         except (ValueError, KeyError, TypeError) as error:
             raise SpoolError(f"{path.name} is not a spooled utterance: {error!r}") from None
 

@@ -43,6 +43,12 @@ class Claim:
     student_id: str | None = None  # a per-student link's student; None: the room's shared link
     name: str | None = None  # the student's name as the platform knows it (a per-student link)
 
+    def queue_source(self, address: str) -> str:
+        """Whose share of the room's recognition queue this link's streams count in
+        (queue/fair.py): a per-student link's own; for the shared link, the client's address (a
+        school behind one NAT is then one source, as it is one address)."""
+        return f"link:{self.student_id}" if self.student_id is not None else address
+
 
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
