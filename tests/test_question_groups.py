@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from benchmarks.question_groups import embed, evaluate, load
 from streamserver.intent.groups import QuestionGroups, purity_completeness
+
+
+def _as_is(vector: np.ndarray, language: str) -> np.ndarray:
+    return vector  # vectors made for the purpose need no centring
 
 
 def _unit(*parts: float) -> np.ndarray:
@@ -15,7 +20,7 @@ def _unit(*parts: float) -> np.ndarray:
 
 
 def test_a_question_joins_the_group_it_asks_or_opens_its_own():
-    groups = QuestionGroups(threshold=0.9, max_groups=2)
+    groups = QuestionGroups(threshold=0.9, max_groups=2, centring=_as_is)
     due = groups.add("u1", "ann", "when is the homework due", _unit(1, 0, 0), 1.0)
     again = groups.add("u2", "bo", "homework deadline?", _unit(1, 0.1, 0), 2.0)
     where = groups.add("u3", "cy", "where do I hand it in", _unit(0, 1, 0), 3.0)
@@ -30,7 +35,7 @@ def test_a_question_joins_the_group_it_asks_or_opens_its_own():
 
 
 def test_the_representative_is_the_question_nearest_the_groups_centre():
-    groups = QuestionGroups(threshold=0.8)
+    groups = QuestionGroups(threshold=0.8, centring=_as_is)
     edge = groups.add("u1", "a", "edge", _unit(1, 0.2, 0), 1.0)
     groups.add("u2", "b", "other edge", _unit(1, -0.2, 0), 2.0)
     groups.add("u3", "c", "centre", _unit(1, 0, 0), 3.0)
@@ -41,3 +46,16 @@ def test_purity_and_completeness():
     assert purity_completeness([0, 0, 1, 1], ["x", "x", "y", "y"]) == (1.0, 1.0)
     assert purity_completeness([0, 0, 1, 1], ["x", "x", "y", "z"]) == (0.75, 1.0)  # y and z share a group
     assert purity_completeness([0, 1, 2, 2], ["x", "x", "y", "y"]) == (1.0, 0.75)  # x is split in two
+
+
+def test_paraphrased_questions_group_on_the_held_out_half():
+    """The benchmark's protocol on the real question set: the threshold chosen on the development
+    half, the figures of the held-out half (benchmarks/README.md, "Question groups"). Mandarin
+    reaches the 0.8 a teacher's view needs; English and the two languages together stay below it,
+    and these floors keep them where they are."""
+    rows = load()
+    report = evaluate(rows, embed([r["text"] for r in rows]))
+    held_out = {lang: report[lang]["held_out_chosen"] for lang in ("en", "zh", "both")}
+    assert held_out["zh"]["purity"] >= 0.8 and held_out["zh"]["completeness"] >= 0.8
+    assert held_out["en"]["purity"] >= 0.65 and held_out["en"]["completeness"] >= 0.69
+    assert held_out["both"]["purity"] >= 0.82 and held_out["both"]["completeness"] >= 0.72

@@ -2,26 +2,38 @@
 a line per question is more than a teacher can read.
 
 Each question's sentence embedding (the intent labeller's multilingual-e5-small vector,
-L2-normalised: model.Embedder) joins the open group whose centroid is most similar to it, when
-that similarity reaches SAME_QUESTION; otherwise it opens a group of its own. A group keeps its
-count, its students, a representative question (the member nearest its centroid) and when it
-last grew; a group the teacher marks answered reopens when the question comes again. Online
-and in arrival order, as the questions of a live class come: one comparison against each group's
-centroid per question (a matrix-vector product), so a hall's ~100 questions a second cost
-little. benchmarks/question_groups.py measures it on paraphrased questions in English and
-Mandarin (benchmarks/README.md, "Question groups").
+L2-normalised: model.Embedder) is first centred: e5 vectors share a large common component (any
+two questions have a cosine near 0.9), and a Mandarin and an English question differ by a
+language offset larger than what they ask. So the room's running mean of its questions in that
+language is subtracted, that mean starting from a prior computed on a generic classroom corpus
+(question_centre.npz) so the room's first questions are centred too; then the corpus's dominant
+direction is removed and the vector re-normalised. The centred question joins the open group
+whose centroid is most similar to it, when that similarity reaches SAME_QUESTION; otherwise it
+opens a group of its own. A group keeps its count, its students, a representative question (the
+member nearest its centroid) and when it last grew; a group the teacher marks answered reopens
+when the question comes again. Online and in arrival order, as the questions of a live class
+come: one comparison against each group's centroid per question (a matrix-vector product), so a
+hall's ~100 questions a second cost little. benchmarks/question_groups.py measures it on
+paraphrased questions in English and Mandarin and makes question_centre.npz
+(benchmarks/README.md, "Question groups").
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-# Cosine similarity from which two questions ask the same thing (chosen on the development half
-# of the paraphrase set's groups: benchmarks/question_groups.py).
-SAME_QUESTION = 0.89
+# Cosine similarity of centred vectors from which two questions ask the same thing (chosen on the
+# development half of the paraphrase set's groups: benchmarks/question_groups.py).
+SAME_QUESTION = 0.23
 MAX_GROUPS = 2000  # the oldest groups go past this (a class of hours)
+CENTRE_PATH = Path(__file__).with_name("question_centre.npz")
+# Weight of the corpus prior in a room's mean, in questions: enough to centre the first few
+# questions, few enough that a room's own lecture topic dominates after a dozen.
+PRIOR_WEIGHT = 10.0
 
 
 @dataclass
@@ -33,24 +45,53 @@ class Group:
     utterances: list[str] = field(default_factory=list)
     last_at: float = 0.0
     answered: bool = False
-    _vector: np.ndarray | None = field(default=None, repr=False)  # the representative's
+    _vector: np.ndarray | None = field(default=None, repr=False)  # the representative's, centred
 
     def to_dict(self) -> dict:
         return {"group_id": self.group_id, "question": self.representative, "count": self.count,
                 "students": len(self.students), "last_at": self.last_at, "answered": self.answered}
 
 
+class Centring:
+    """A room's running mean of its question vectors per language, started from the corpus's
+    mean for that language (its mean over all languages for one it lacks), and the corpus's
+    dominant direction, which separates kinds of utterance rather than questions."""
+
+    def __init__(self, path: Path = CENTRE_PATH, prior_weight: float = PRIOR_WEIGHT) -> None:
+        data = np.load(path)
+        self._priors = {name: data[name].astype(np.float64) for name in data.files if name != "top"}
+        self._top = data["top"].astype(np.float32)
+        self._prior_weight = prior_weight
+        self._sums: dict[str, np.ndarray] = {}
+        self._counts: dict[str, float] = {}
+
+    def __call__(self, vector: np.ndarray, language: str) -> np.ndarray:
+        """The question's vector, counted into its language's mean, centred and re-normalised."""
+        if language not in self._sums:
+            prior = self._priors.get(language, self._priors["all"])
+            self._sums[language], self._counts[language] = prior * self._prior_weight, self._prior_weight
+        self._sums[language] += vector
+        self._counts[language] += 1
+        centred = (vector - self._sums[language] / self._counts[language]).astype(np.float32)
+        centred -= (centred @ self._top) * self._top
+        return centred / max(float(np.linalg.norm(centred)), 1e-12)
+
+
 class QuestionGroups:
-    def __init__(self, threshold: float = SAME_QUESTION, max_groups: int = MAX_GROUPS) -> None:
+    def __init__(self, threshold: float = SAME_QUESTION, max_groups: int = MAX_GROUPS,
+                 centring: Callable[[np.ndarray, str], np.ndarray] | None = None) -> None:
         self.threshold, self.max_groups = threshold, max_groups
+        self.centring = centring or Centring()
         self.groups: dict[int, Group] = {}
-        self._sums = np.zeros((0, 0), np.float32)  # one row per group: the sum of its members' vectors
+        self._sums = np.zeros((0, 0), np.float32)  # one row per group: the sum of its members' centred vectors
         self._ids: list[int] = []  # the group of each row
         self._next = 0
 
-    def add(self, utterance_id: str, student_id: str, text: str, vector: np.ndarray, at: float) -> Group:
-        """File a question (its L2-normalised embedding) under its group, made if new."""
-        vector = np.asarray(vector, np.float32)
+    def add(self, utterance_id: str, student_id: str, text: str, vector: np.ndarray, at: float,
+            language: str = "") -> Group:
+        """File a question (its L2-normalised embedding, the language it was spoken in) under its
+        group, made if new."""
+        vector = self.centring(np.asarray(vector, np.float32), language)
         row = self._nearest(vector)
         if row is None:
             group = self._open(text, vector)
