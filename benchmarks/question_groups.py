@@ -5,8 +5,9 @@ found against the questions asked.
 Questions are centred by the room's running mean per language, started from the mean of the
 intent labeller's classroom utterances (benchmarks/intent/, no question of this set):
 `--centre` makes that prior, streamserver/intent/question_centre.npz. The threshold is chosen
-on the development half of the question groups (every other group, in file order) and reported on the other half, never looked at when choosing; the questions arrive
-interleaved in a fixed random order, as a live class's would. Embeddings are the intent
+on the development half of the question groups (every other group, in file order) and
+reported on the other half, never looked at when choosing; the questions arrive interleaved in
+a fixed random order, as a live class's would. Embeddings are the intent
 labeller's (multilingual-e5-small on ONNX Runtime, the CPU default).
 
     .venv/bin/python -m benchmarks.question_groups --out benchmarks/results/question-groups.json
