@@ -86,6 +86,7 @@ def test_gateway_hangover_reaches_the_segmenter(monkeypatch, speech):
 def test_serve_hangover_reaches_the_segmenter(monkeypatch):
     class Engine:  # serve's engine is only handed to its in-process worker here
         multilingual = False
+        batch_rows_cheap = False  # a CPU's, as engines/engine.py declares
 
     monkeypatch.setattr(cli, "_warm_engine_and_intent", lambda *a: (Engine(), None))
     app = _app(monkeypatch, ["serve", "--vad-hangover-ms", "250"])
