@@ -205,6 +205,43 @@ def test_feed_accepts_any_chunking(clips: list[np.ndarray]) -> None:
     assert all(np.array_equal(results[0], r) for r in results[1:])
 
 
+class Hints(Stream):
+    """A Stream that also keeps the hints, with partials on."""
+
+    def __init__(self) -> None:
+        super().__init__(SegmenterConfig(partial_interval_ms=1000))
+        self.hints: list[SegmentedSpeech] = []
+
+    def speech_so_far(self, u: SegmentedSpeech) -> None:
+        self.hints.append(u)
+
+
+def cuts(s: Hints) -> list[tuple]:
+    return [(u.kind, u.first_sample, u.revision, u.cut, u.audio.tobytes()) for u in s.got + s.hints]
+
+
+def test_digital_silence_cuts_alike_in_any_chunking(clips: list[np.ndarray]) -> None:
+    """Silence sent as zeros (the WebSocket clients' own) takes a shortcut while no utterance is
+    open: the utterances and hints are the same whatever the chunking, and the same when the
+    caller writes its next audio into the buffer it just fed (a decoder's reused buffer)."""
+    zeros = lambda s: np.zeros(int(s * RATE), np.float32)  # noqa: E731
+    signal = np.concatenate([zeros(0.7), clips[1], zeros(0.9), clips[4], zeros(0.3), room(0.4, 72), zeros(1.2)])
+    results = []
+    for chunk in (960, 320, 77, 4801):
+        s = Hints()
+        s.feed(signal, chunk=chunk)
+        results.append(cuts(s))
+    reused = Hints()
+    pcm, buffer = q16(signal), np.zeros(960, np.int16)
+    for i in range(0, len(pcm) // 960 * 960, 960):
+        buffer[:] = pcm[i : i + 960]
+        reused.fed += 960
+        reused.seg.feed(buffer)
+    results.append(cuts(reused))
+    assert len([r for r in results[0] if r[0] == "final"]) == 2 and any(r[0] == "partial" for r in results[0])
+    assert all(r == results[0] for r in results[1:])
+
+
 def av_frames(mono_16k: np.ndarray, rate: int, layout: str, samples: int) -> list[av.AudioFrame]:
     """The clip as a transport would deliver it: s16 packed frames of ``samples`` each,
     upsampled by av itself, with WebRTC-style pts that jump."""

@@ -32,6 +32,8 @@ DIGITAL_SILENCE = 8  # |sample| <= this (-72 dBFS) throughout the frame
 # What `--vad-hangover-ms` accepts: much below ~250 ms the pauses inside a read sentence end it
 # (figures in benchmarks/README.md); above 2 s a student waits too long for the transcript.
 HANGOVER_MS_RANGE = (250, 2000)
+NO_SAMPLES = np.zeros(0, dtype=np.int16)
+NO_SAMPLES.flags.writeable = False
 
 
 @dataclass
@@ -121,7 +123,9 @@ class UtteranceSegmenter:
         self._cut_search = max(1, frames(CUT_SEARCH_S * 1000))
         self._partial_every = frames(c.partial_interval_ms) if c.partial_interval_ms > 0 else 0
         self._speculate = c.speculate and self._post_roll < self._hangover
-        self._pending = np.zeros(0, dtype=np.int16)  # partial frame carried to the next feed()
+        self._pending = NO_SAMPLES  # partial frame carried to the next feed()
+        self._zeros = np.zeros(self._n, dtype=np.int16)  # every all-zero frame the ring holds
+        self._zeros.flags.writeable = False
         self._frame_no = 0  # frames processed so far: the stream position of the newest one + 1
         self._floor: float | None = None  # noise floor, RMS in int16 units
         # Idle: the last frames as (pcm, voiced, arrival_ts), for pre-roll and the start decision.
@@ -166,15 +170,26 @@ class UtteranceSegmenter:
         if pcm16.dtype.kind == "f":
             pcm16 = np.clip(pcm16 * 32768.0, -32768, 32767).astype(np.int16)  # exact inverse of /32768
         ts = self._clock() if ts is None else ts
-        data = np.concatenate((self._pending, pcm16.reshape(-1).astype(np.int16, copy=False)))
+        data = pcm16.reshape(-1).astype(np.int16, copy=False)
+        if self._pending.size:
+            data = np.concatenate((self._pending, data))
         whole = len(data) // self._n * self._n
-        self._pending = data[whole:].copy()
-        for frame in data[:whole].reshape(-1, self._n):
-            self._process(frame, self._is_speech(frame), ts)
+        rest = data[whole:]
+        self._pending = rest.copy() if rest.size else NO_SAMPLES
+        # Most of a class is silent most of the time, and its clients send silence as digital
+        # zeros (a muted microphone too): while no utterance is open such a message is one scan,
+        # its frames one shared frame of zeros in the ring (nothing of it can start speech).
+        if not self._triggered and not np.count_nonzero(data[:whole]):
+            count = whole // self._n
+            self._frame_no += count
+            self._ring.extend([(self._zeros, False, ts)] * count)
+            return
+        frames = np.array(data[:whole]).reshape(-1, self._n)  # a copy: frames outlive the caller's buffer
+        for frame, sound in zip(frames, frames.any(axis=1).tolist()):
+            self._process(frame, sound and self._is_speech(frame), ts)
 
     def _is_speech(self, frame: np.ndarray) -> bool:
-        if not frame.any():  # all zeros (a muted microphone, a client's silence): one scan, not five
-            return False
+        """Whether a frame with some sound in it (not all zeros) is speech."""
         f = frame.astype(np.float32)
         level = math.sqrt(float(f @ f) / self._n)
         # muted: keep it away from the VAD's and our noise estimates (a level above the bound
@@ -197,7 +212,7 @@ class UtteranceSegmenter:
         """Forget the speech in progress without emitting it (its client sends it again)."""
         if self._triggered:  # the stream position stays: later audio continues the stream
             self._reset_utterance()
-        self._pending = np.zeros(0, dtype=np.int16)  # < 1 frame: too short for the VAD anyway
+        self._pending = NO_SAMPLES  # < 1 frame: too short for the VAD anyway
         self._ring.clear()
 
     def _process(self, frame: np.ndarray, voiced: bool, ts: float) -> None:
