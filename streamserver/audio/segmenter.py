@@ -296,11 +296,14 @@ class UtteranceSegmenter:
     def _speech(self, upto: int, cut: bool, kind: str = "final") -> SegmentedSpeech | None:
         """The first `upto` frames of this piece, if they hold enough voice to be an utterance."""
         upto = min(upto, len(self._frames))
-        voiced = [i for i in range(upto) if self._voiced[i]]
-        long_enough = len(voiced) >= self._min_voiced or (self._continued and voiced)
-        if not voiced or not long_enough:
+        # list methods, not a loop: a partial of a long utterance looks at hundreds of frames
+        voiced = self._voiced[:upto]
+        count = voiced.count(True)
+        long_enough = count >= self._min_voiced or (self._continued and count)
+        if not count or not long_enough:
             return None
+        first, last = voiced.index(True), upto - 1 - voiced[::-1].index(True)
         audio = np.concatenate(self._frames[:upto]).astype(np.float32) / 32768.0
         first_sample = (self._frame_no - len(self._frames)) * self._n
-        return SegmentedSpeech(audio, self._ts[voiced[0]], self._ts[voiced[-1]], cut, self._key, kind, self._revision,
+        return SegmentedSpeech(audio, self._ts[first], self._ts[last], cut, self._key, kind, self._revision,
                                first_sample)
