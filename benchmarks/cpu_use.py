@@ -112,7 +112,8 @@ class CpuSampler:
             self._last[pid] = (name, use)
 
     def summary(self) -> dict:
-        """cores: CPU seconds / wall seconds, by role and summed by kind (the text before "-");
+        """cores: CPU seconds / wall seconds, by role and summed by kind (the text before "-"), and
+        the CPU seconds by kind;
         per kind also the share of its CPU time spent in the kernel and its page faults a second;
         the host's busy share and, of all its CPU time, the shares of system and steal time."""
         (t0, host0), (t1, host1) = self._started, self._host
@@ -136,6 +137,8 @@ class CpuSampler:
             "host_system_share": round((host["system"] + host["irq"] + host["softirq"]) / total, 3),
             "host_steal_share": round(host["steal"] / total, 3),
             "cores_by_kind": {k: cores(u) for k, u in sorted(by_kind.items())},
+            # unrounded beside cores: a figure per student divides it by many students
+            "cpu_s_by_kind": {k: round(u.user_s + u.system_s, 3) for k, u in sorted(by_kind.items())},
             "kernel_share_by_kind": {k: round(u.system_s / max(u.user_s + u.system_s, 1e-9), 3) for k, u in sorted(by_kind.items())},
             "page_faults_per_s_by_kind": {k: {"minor": round(u.minor_faults / wall), "major": round(u.major_faults / wall, 1)}
                                           for k, u in sorted(by_kind.items())},
