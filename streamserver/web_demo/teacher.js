@@ -8,7 +8,15 @@ const NEAR_BOTTOM_PX = 48; // "at the bottom" tolerance for auto-scroll
 // transcript is the export), and the student list shows who is speaking, or who matches the
 // search, once the room is this large; the counts say the rest.
 const FEED_ROWS_KEPT = 400;
+const QUEUE_ROWS_KEPT = 200; // the newest questions; a lecture's are read as groups
 const LARGE_ROOM = 200;
+// A lecture's question groups: the newest shown, as many kept as the server keeps
+// (intent/groups.py MAX_GROUPS).
+const GROUPS_SHOWN = 30;
+const GROUPS_KEPT = 2000;
+// Utterance ids remembered so that a history replay (at most the server's last 500 events)
+// repeats nothing: a class of hours must not keep every id it ever saw.
+const IDS_KEPT = 20000;
 const MAX_CLEARED_STORED = 2000; // cleared queue ids kept in sessionStorage (newest kept)
 
 // What the teacher reads for each intent label; an unknown label is shown as it is.
@@ -62,6 +70,9 @@ let speakingNow = 0;
 let search = '';               // the student search, lower case
 const counts = new Map();      // intent label (or UNSURE) -> number of transcripts
 const queued = new Map();      // utterance_id -> <li> in the queue
+const groups = new Map();      // group_id -> its newest question_group event, least recently grown first
+const groupItems = new Map();  // group_id -> <li>, for the groups shown
+let groupsDrawn = true;        // false: a frame will draw them
 
 // Utterance ids the teacher marked done: they stay out of the queue after a reconnect's history
 // replay or a reload of this tab.
@@ -74,6 +85,12 @@ let failures = 0; // reconnects in a row that did not reach the feed
 function setFeedStatus(text, state) {
   feedStatus.textContent = text;
   feedStatus.dataset.state = state;
+}
+
+// Adds id to a Set used as a memory of recent ids (insertion order), forgetting the oldest past `most`.
+function remember(ids, id, most = IDS_KEPT) {
+  ids.add(id);
+  if (ids.size > most) ids.delete(ids.values().next().value);
 }
 
 function el(tag, className, text) {
@@ -236,13 +253,19 @@ function renderTranscript(ev, intent) {
   return item;
 }
 
-// A live caption (transcript_partial): shown in place, newer revisions replace it, its final
-// replaces it for good; one that comes after its final, or an older revision, is ignored.
+// A live caption (transcript_partial): shown in place, a newer revision updates its text, its
+// final replaces it for good; one that comes after its final, or an older revision, is ignored.
 function showPartial(ev) {
   if (!ev.utterance_id || transcripts.has(ev.utterance_id) || captionsEnded.has(ev.utterance_id)) return;
   const old = partials.get(ev.utterance_id);
   if (old && Number(old.dataset.revision) >= ev.revision) return;
-  const follow = isNearBottom();
+  if (old) { // a lecture's thousand captions a second: the row stays, its words change
+    old.dataset.revision = ev.revision;
+    old.querySelector('.text').textContent = ev.text;
+    old.shownAt = Date.now();
+    grew.captions = true;
+    return;
+  }
   const item = renderTranscript(ev, { label: null, score: null });
   item.classList.add('partial');
   item.dataset.revision = ev.revision;
@@ -250,17 +273,23 @@ function showPartial(ev) {
   const latency = item.querySelector('.latency');
   latency.textContent = 'speaking';
   latency.title = 'Provisional: the student is still speaking';
-  if (old) {
-    clearTimeout(old.goneTimer);
-    old.replaceWith(item);
-  } else {
-    insertInOrder(feed, item, spokenTs(ev));
-  }
-  item.goneTimer = setTimeout(() => { if (partials.get(ev.utterance_id) === item) { item.remove(); partials.delete(ev.utterance_id); } },
-    PARTIAL_GONE_MS);
+  insertInOrder(feed, item, spokenTs(ev));
+  item.shownAt = Date.now();
   partials.set(ev.utterance_id, item);
-  if (follow) scrollToBottom();
+  grew.captions = true;
 }
+
+// Captions whose speech was given up (not updated or finalised for PARTIAL_GONE_MS) leave, swept
+// now and then rather than timed one by one.
+setInterval(() => {
+  const now = Date.now();
+  for (const [id, item] of partials) {
+    if (now - item.shownAt > PARTIAL_GONE_MS) {
+      item.remove();
+      partials.delete(id);
+    }
+  }
+}, PARTIAL_GONE_MS / 3);
 
 // When it was said: where a transcript goes in the feed. Not when it was published: a recovered
 // utterance (sent again after a break) or one recognised by a slower worker is published after
@@ -379,41 +408,40 @@ function scrollToBottom() {
 }
 
 // Adds the transcripts not shown yet, in publish order, counts their labels and queues the
-// questions and help requests; the feed and the queue follow the newest item unless the teacher
-// has scrolled up to read.
+// questions and help requests (the feed and the queue follow them as a batch ends: settle).
 function addTranscripts(events) {
-  const follow = isNearBottom();
-  const followQueue = isNearBottomOf(queue);
-  let added = 0;
-  let queuedNow = 0;
   for (const ev of events) {
     if (!ev || ev.type !== 'transcript' || !ev.utterance_id || transcripts.has(ev.utterance_id)) continue;
-    transcripts.add(ev.utterance_id);
+    remember(transcripts, ev.utterance_id);
     const intent = intentOf(ev);
     const item = renderTranscript(ev, intent);
     const partial = partials.get(ev.utterance_id);
     if (partial) { // the final takes the caption's place
-      clearTimeout(partial.goneTimer);
       partials.delete(ev.utterance_id);
       partial.replaceWith(item);
     } else {
       insertInOrder(feed, item, spokenTs(ev));
     }
     countLabel(intent.label);
-    if (enqueue(ev, intent)) queuedNow++;
-    added++;
+    if (enqueue(ev, intent)) grew.queue = true;
+    grew.feed = true;
   }
-  if (queuedNow) {
+}
+
+// What a batch of events added: the feed and the queue follow their newest item unless the
+// teacher has scrolled up to read (where they were as the batch began: `follow`).
+const grew = { feed: false, captions: false, queue: false };
+
+function settle(follow) {
+  if (grew.queue) {
+    trimQueue();
     updateQueueCount();
-    if (followQueue) queue.scrollTop = queue.scrollHeight;
+    if (follow.queue) queue.scrollTop = queue.scrollHeight;
   }
-  if (!added) return;
-  if (follow) {
-    trimFeed();
-    scrollToBottom();
-  } else {
-    jumpButton.hidden = false;
-  }
+  if (grew.feed && follow.feed) trimFeed();
+  if ((grew.feed || grew.captions) && follow.feed) scrollToBottom();
+  else if (grew.feed) jumpButton.hidden = false;
+  grew.feed = grew.captions = grew.queue = false;
 }
 
 // The oldest rows leave the page once the feed holds FEED_ROWS_KEPT (never a live caption, and
@@ -424,6 +452,61 @@ function trimFeed() {
     if (!oldest || oldest.classList.contains('partial')) break;
     oldest.remove();
   }
+}
+
+// The queue keeps its newest QUEUE_ROWS_KEPT questions (a lecture's come a hundred a minute).
+function trimQueue() {
+  for (let extra = queued.size - QUEUE_ROWS_KEPT; extra > 0; extra--) {
+    const oldest = queue.firstElementChild;
+    if (!oldest) break;
+    queued.delete(oldest.dataset.utteranceId);
+    oldest.remove();
+  }
+}
+
+// --- question groups ---------------------------------------------------------------------
+
+// A group as it stands (its count, students, representative question); drawn at the next frame,
+// however many grew meanwhile.
+function applyGroup(ev) {
+  if (!Number.isInteger(ev.group_id)) return;
+  groups.delete(ev.group_id); // re-inserted: the Map stays in the order the groups last grew
+  groups.set(ev.group_id, ev);
+  if (groups.size > GROUPS_KEPT) groups.delete(groups.keys().next().value);
+  if (groupsDrawn) {
+    groupsDrawn = false;
+    requestAnimationFrame(drawGroups);
+  }
+}
+
+function drawGroups() {
+  groupsDrawn = true;
+  const newest = [...groups.values()].sort((a, b) => (b.last_at - a.last_at) || (a.group_id - b.group_id)).slice(0, GROUPS_SHOWN);
+  const shown = new Set(newest.map((g) => g.group_id));
+  for (const id of groupItems.keys()) if (!shown.has(id)) groupItems.delete(id);
+  $('groups').replaceChildren(...newest.map(groupItem));
+  $('group-total').textContent = `${groups.size} groups`;
+  if ($('groups-box').hidden) { // the queue below gets shorter: it keeps following if it did
+    const follows = isNearBottomOf(queue);
+    $('groups-box').hidden = false;
+    if (follows) queue.scrollTop = queue.scrollHeight;
+  }
+}
+
+function groupItem(g) {
+  let li = groupItems.get(g.group_id);
+  if (!li) {
+    li = el('li', 'question-group');
+    li.dataset.groupId = g.group_id;
+    li.append(el('span', 'group-count'), el('p', 'group-question'), el('span', 'group-students'));
+    groupItems.set(g.group_id, li);
+  }
+  li.dataset.count = g.count;
+  li.classList.toggle('answered', !!g.answered);
+  li.querySelector('.group-count').textContent = String(g.count);
+  li.querySelector('.group-question').textContent = g.question;
+  li.querySelector('.group-students').textContent = g.students === 1 ? '1 student' : `${g.students} students`;
+  return li;
 }
 
 jumpButton.addEventListener('click', scrollToBottom);
@@ -457,10 +540,9 @@ function endCaption(ev) {
   // recognition may still transcribe it): only its caption ends.
   const dropped = ev.type === 'utterance_dropped';
   if (dropped && !captionsEnded.has(ev.utterance_id) && !transcripts.has(ev.utterance_id)) showDropped(ev);
-  (dropped ? captionsEnded : transcripts).add(ev.utterance_id);
+  remember(dropped ? captionsEnded : transcripts, ev.utterance_id);
   const caption = partials.get(ev.utterance_id);
   if (caption) {
-    clearTimeout(caption.goneTimer);
     caption.remove();
     partials.delete(ev.utterance_id);
   }
@@ -483,7 +565,10 @@ function handle(msg) {
     case 'history':
       failures = 0; // the server is really answering: a later drop starts from the shortest wait again
       addTranscripts(msg.events || []);
-      for (const ev of msg.events || []) if (ev && ENDS_CAPTION.has(ev.type)) endCaption(ev);
+      for (const ev of msg.events || []) {
+        if (ev && ENDS_CAPTION.has(ev.type)) endCaption(ev);
+        else if (ev && ev.type === 'question_group') applyGroup(ev);
+      }
       break;
     case 'roster':
       applyRoster(msg.students || []);
@@ -493,6 +578,9 @@ function handle(msg) {
       break;
     case 'transcript_partial':
       showPartial(msg);
+      break;
+    case 'question_group':
+      applyGroup(msg);
       break;
     case 'no_speech':
     case 'utterance_failed':
@@ -507,6 +595,29 @@ function handle(msg) {
       break;
   }
   if (msg.room_name) $('room-name').textContent = msg.room_name;
+}
+
+// A lecture sends a thousand or more events a second, each its own message: they are handled
+// in batches, at most every BATCH_MS, so that the page lays out and scrolls once per batch rather
+// than once per event.
+const BATCH_MS = 100;
+let pending = [];
+let flushing = false;
+
+function receive(msg) {
+  pending.push(msg);
+  if (flushing) return;
+  flushing = true;
+  setTimeout(flush, BATCH_MS);
+}
+
+function flush() {
+  flushing = false;
+  const batch = pending;
+  pending = [];
+  const follow = { feed: isNearBottom(), queue: isNearBottomOf(queue) };
+  for (const msg of batch) handle(msg);
+  settle(follow);
 }
 
 function feedUrl(scheme) {
@@ -525,7 +636,7 @@ function connect() {
   ws.addEventListener('message', (e) => {
     let msg;
     try { msg = JSON.parse(e.data); } catch { return; }
-    if (msg && typeof msg === 'object') handle(msg);
+    if (msg && typeof msg === 'object') receive(msg);
   });
   ws.addEventListener('close', () => {
     if (socket !== ws) return;
