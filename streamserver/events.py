@@ -256,6 +256,34 @@ class TranscriptPartialEvent(_Words):
         return cls(u.room_id, u.utterance_id, u.student_id, u.student_name, text, language, u.revision, u.start_ts, now())
 
 
+@dataclass
+class QuestionGroupEvent(Event):
+    """A group of the room's questions and help requests that asks one thing (intent/groups.py)
+    as it stands after it grew: its count, its students, its representative question, when it
+    last grew; open again (answered False) once asked after the teacher marked it answered. The
+    group id names the worker that keeps the group (AsrWorker.groups_id)."""
+
+    room_id: str
+    group_id: str
+    question: str
+    count: int
+    students: int
+    last_at: float
+    answered: bool = False
+    type: str = "question_group"
+
+
+@dataclass
+class QuestionGroupAnsweredEvent(Event):
+    """The teacher marked a question group answered (POST .../question_groups/<id>/answered):
+    every dashboard of the room shows it so, until a question joins it again."""
+
+    room_id: str
+    group_id: str
+    ts: float = field(default_factory=now)
+    type: str = "question_group_answered"
+
+
 STUDENT_TYPES = ("student_joined", "student_left", "speaking_started", "speaking_stopped")  # StudentEvent's
 # An utterance's result: one per utterance, whichever way it reaches a dashboard.
 RESULT_TYPES = (TranscriptEvent.type, NoSpeechEvent.type, UtteranceFailedEvent.type)
@@ -263,7 +291,7 @@ MESSAGES: dict[str, type[Message]] = {
     **dict.fromkeys(STUDENT_TYPES, StudentEvent),
     **{kind.type: kind for kind in (RoomClosedEvent, TranscriptionSourceEvent, History, Roster, UtteranceQueued,
                                     UtteranceDropped, TranscriptEvent, NoSpeechEvent, UtteranceFailedEvent,
-                                    TranscriptPartialEvent)},
+                                    TranscriptPartialEvent, QuestionGroupEvent, QuestionGroupAnsweredEvent)},
 }
 # What Message.to_json writes first. The bus, the queue and every dashboard feed ask each event's
 # type (thousands a second in a lecture), so the type is read from here without parsing the rest.

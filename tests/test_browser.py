@@ -100,6 +100,13 @@ def test_browser_student_to_teacher_dashboard_through_redis(redis_url, tmp_path,
             SCREENSHOT.parent.mkdir(exist_ok=True)
             teacher.screenshot(path=str(SCREENSHOT), full_page=True)
             latencies = teacher.eval_on_selector_all(".transcript:not(.partial) .latency", "els => els.map(e => e.textContent)")
+            # Alice's question is a group of one; the teacher's "Answered" reaches the server,
+            # whose question_group_answered event marks it on the dashboard (each of the room's).
+            group = teacher.locator(".question-group", has_text="proof")
+            group.wait_for(timeout=15000)
+            assert group.locator(".group-count").text_content() == "1"
+            group.locator(".group-answer").click()
+            teacher.locator(".question-group.answered", has_text="proof").wait_for(timeout=10000)
             browser.close()
 
     # Chromium honoured the answer's usedtx=1 (transport/dtx.py): in the gaps it sent DTX packets.

@@ -13,7 +13,8 @@ import pytest
 from streamserver.api.app import Seen
 from streamserver.bus.keys import is_final_transcript
 from streamserver.events import (
-    MESSAGES, RESULT_TYPES, STUDENT_TYPES, History, Message, NoSpeechEvent, RoomClosedEvent, Roster, StudentEvent,
+    MESSAGES, RESULT_TYPES, STUDENT_TYPES, History, Message, NoSpeechEvent, QuestionGroupAnsweredEvent, QuestionGroupEvent,
+    RoomClosedEvent, Roster, StudentEvent,
     TranscriptEvent, TranscriptionSourceEvent, TranscriptPartialEvent, Utterance, UtteranceDropped, UtteranceFailedEvent,
     UtteranceQueued, decode, event_type,
 )
@@ -31,6 +32,11 @@ CASES: list[tuple[Message, dict[str, Any]]] = [
        {"type": kind, "room_id": "r1", "student_id": "s1", "student_name": "Ann", "ts": 5.0}) for kind in STUDENT_TYPES],
     (RoomClosedEvent("r1", ts=7.0), {"type": "room_closed", "room_id": "r1", "ts": 7.0}),
     (TranscriptionSourceEvent("r1", "local"), {"type": "transcription_source", "room_id": "r1", "source": "local"}),
+    (QuestionGroupEvent("r1", "w1.ab12cd:4", "为什么 \"type\"?", 3, 2, 14.0),
+     {"type": "question_group", "room_id": "r1", "group_id": "w1.ab12cd:4", "question": "为什么 \"type\"?", "count": 3,
+      "students": 2, "last_at": 14.0, "answered": False}),
+    (QuestionGroupAnsweredEvent("r1", "w1.ab12cd:4", ts=15.0),
+     {"type": "question_group_answered", "room_id": "r1", "group_id": "w1.ab12cd:4", "ts": 15.0}),
     (History([{"type": "room_closed", "room_id": "r1", "ts": 7.0}]),
      {"type": "history", "events": [{"type": "room_closed", "room_id": "r1", "ts": 7.0}]}),
     (Roster("Physics", [{"student_id": "s1", "student_name": "Ann", "speaking": False}]),

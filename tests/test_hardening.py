@@ -334,6 +334,38 @@ def test_a_closed_room_ends_its_sessions_and_its_links(live):
     live.run(body())
 
 
+def test_only_the_teacher_marks_a_question_group_answered_and_every_dashboard_hears_it(live):
+    async def body() -> None:
+        room = await live.create_room("hall")
+        student, teacher = token_of(room["student_url"]), token_of(room["teacher_url"])
+        dashboards = [await Dashboard().open(live.session, live.url, room) for _ in range(2)]  # the teacher's, a TA's
+        url = f"{live.url}/api/rooms/{room['room_id']}/question_groups/w1.ab12cd:3/answered"
+        async with live.session.post(url) as r:
+            assert r.status == 401
+        async with live.session.post(url, headers={"Authorization": f"Bearer {student}"}) as r:
+            assert r.status == 403
+        bad = f"{live.url}/api/rooms/{room['room_id']}/question_groups/{'x' * 201}/answered"
+        async with live.session.post(bad, headers={"Authorization": f"Bearer {teacher}"}) as r:
+            assert r.status == 400
+        async with live.session.post(url, headers={"Authorization": f"Bearer {teacher}"}) as r:
+            assert r.status == 200 and (await r.json())["answered"] is True
+        for _ in range(100):
+            if all(any(e["type"] == "question_group_answered" for e in d.events) for d in dashboards):
+                break
+            await asyncio.sleep(0.05)
+        for dashboard in dashboards:
+            (answered,) = [e for e in dashboard.events if e["type"] == "question_group_answered"]
+            assert answered["group_id"] == "w1.ab12cd:3" and answered["room_id"] == room["room_id"]
+        late = await Dashboard().open(live.session, live.url, room)  # one that joins later: from the history
+        for _ in range(100):
+            if late.history:
+                break
+            await asyncio.sleep(0.05)
+        assert [e["group_id"] for e in late.history if e["type"] == "question_group_answered"] == ["w1.ab12cd:3"]
+
+    live.run(body())
+
+
 def test_a_plain_get_to_the_ingest_seats_nobody(live):
     async def body() -> None:
         room = await live.create_room("no upgrade")

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import uuid
+from pathlib import Path
 from typing import AsyncIterator
 
 import aiohttp
@@ -83,6 +84,41 @@ def test_a_failing_batch_is_retried_one_utterance_at_a_time(tiny_engine, librivo
         assert len(transcript["text"].split()) >= 5
         assert failed["type"] == "utterance_failed" and failed["utterance_id"] == bad.utterance_id
         assert await queue.depth() == 0
+
+    run(body())
+
+
+def test_the_worker_groups_a_rooms_questions_and_sends_each_group_as_it_grows(tiny_engine):
+    """Real speech (flite's classroom clips) through the real worker, tiny.en and intent labeller:
+    the same question from two students is one group of two, the help request another group,
+    the answer none; each group sent to the room as it grew, its id the worker's."""
+    from engines.audio import load_audio
+    from streamserver.intent.model import EmbeddingIntentClassifier
+
+    flite = Path(__file__).parent / "data" / "flite"
+    question, answer, help_request = (load_audio(flite / f"flite_{i}.wav") for i in (1, 2, 3))
+
+    async def body() -> None:
+        bus = MemoryBus()
+        queue = MemoryQueue(OrderedPublisher(bus))
+        worker = AsrWorker(tiny_engine, queue, EmbeddingIntentClassifier(), max_batch=1, partials="off")
+        spoken = [utterance(question, "r1", "s1"), utterance(answer, "r1", "s2"), utterance(help_request, "r1", "s3"),
+                  utterance(question, "r1", "s4")]
+        async with collected(bus, "r1") as events:
+            for u in spoken:
+                await queue.submit(u)
+            worker.start()
+            await until(lambda: sum(e["type"] == "transcript" for e in events) == 4
+                        and sum(e["type"] == "question_group" for e in events) == 3)
+            await worker.stop()
+        labels = {e["utterance_id"]: e["intent"]["label"] for e in events if e["type"] == "transcript"}
+        assert [labels[u.utterance_id] for u in spoken] == ["help_request", "answer", "help_request", "help_request"]
+        asked, microphone, again = [e for e in events if e["type"] == "question_group"]
+        assert asked["group_id"] == again["group_id"] != microphone["group_id"]
+        assert asked["group_id"].startswith(f"{worker.groups_id}:") and asked["room_id"] == "r1"
+        assert (asked["count"], asked["students"], again["count"], again["students"]) == (1, 1, 2, 2)
+        assert "proof" in again["question"] and "microphone" in microphone["question"]
+        assert microphone["count"] == 1 and not again["answered"]
 
     run(body())
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks.question_groups import embed, evaluate, load
-from streamserver.intent.groups import QuestionGroups, purity_completeness
+from streamserver.intent.groups import QuestionGroups, RoomGroups, purity_completeness
 
 
 def _as_is(vector: np.ndarray, language: str) -> np.ndarray:
@@ -59,3 +59,17 @@ def test_paraphrased_questions_group_on_the_held_out_half():
     assert held_out["zh"]["purity"] >= 0.8 and held_out["zh"]["completeness"] >= 0.8
     assert held_out["en"]["purity"] >= 0.65 and held_out["en"]["completeness"] >= 0.69
     assert held_out["both"]["purity"] >= 0.82 and held_out["both"]["completeness"] >= 0.72
+
+
+def test_a_worker_keeps_a_bounded_number_of_rooms_and_forgets_idle_ones():
+    rooms = RoomGroups(max_rooms=2, idle_s=3600)
+    a = rooms.of("a")
+    assert rooms.of("a") is a
+    rooms.of("b")
+    rooms.of("a")  # a asked last: b is the least recently asked
+    rooms.of("c")
+    assert len(rooms) == 2 and rooms.of("a") is a
+    idle = RoomGroups(idle_s=0.0)
+    idle.of("x")
+    idle.of("y")
+    assert len(idle) == 1  # x silent past the idle time

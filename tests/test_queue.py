@@ -239,3 +239,29 @@ def test_a_batch_s_finals_are_published_side_by_side(fresh, tiny_engine, librivo
         assert SlowRedis.peak >= 4, SlowRedis.peak
 
     run(body())
+
+
+def test_a_workers_room_event_reaches_the_rooms_channel_and_history(fresh):
+    """A question group a `streamserver worker` sends (RedisQueue.publish_event): on the room's
+    channel for its dashboards, and in its history as the room's bus keeps it (not in the class
+    transcript: no final)."""
+    from streamserver.bus.redis import RedisBus
+    from streamserver.events import QuestionGroupEvent
+
+    async def body() -> None:
+        bus, queue = RedisBus(fresh), RedisQueue(fresh, "w1")
+        try:
+            feed = bus.subscribe("r1")
+            first = asyncio.ensure_future(feed.__anext__())
+            await asyncio.sleep(0.2)  # subscribed
+            event = QuestionGroupEvent("r1", "w1.abc:0", "why is the sky blue", 2, 2, now())
+            assert await queue.publish_event(event)
+            assert json.loads(await asyncio.wait_for(first, 10)) == event.to_dict()
+            assert [json.loads(e) for e in await bus.history("r1")] == [event.to_dict()]
+            assert await bus.transcript("r1") == []
+            await feed.aclose()
+        finally:
+            await queue.close()
+            await bus.close()
+
+    run(body())

@@ -28,8 +28,8 @@ from streamserver.asr.worker import AsrWorker
 from streamserver.audio.timeline import CLOCK_NAME
 from streamserver.bus.redis import BusError
 from streamserver.classroom import Classroom
-from streamserver.events import (RESULT_TYPES, History, RoomClosedEvent, Roster, TranscriptionSourceEvent,
-                                 TranscriptPartialEvent, event_type)
+from streamserver.events import (RESULT_TYPES, History, QuestionGroupAnsweredEvent, RoomClosedEvent, Roster,
+                                 TranscriptionSourceEvent, TranscriptPartialEvent, event_type)
 from streamserver.metrics import CONTENT_TYPE, Metrics
 from streamserver.queue.base import UNREACHABLE
 from streamserver.queue.sink import Busy
@@ -102,16 +102,41 @@ async def close_room(request: web.Request) -> web.Response:
     session of the room ends and its links stop opening it, on every gateway (the teacher's link
     still exports the class transcript until the link expires: class_transcript)."""
     room = await _room(request)
-    if not _is_admin(request):
-        given = tokens.bearer(request.headers.get("Authorization"))
-        teacher = given.decode("ascii", "replace") if given is not None else None
-        if (denied := _check_token(request, room.room_id, teacher, "teacher")) is not None:
-            return denied
+    if (denied := _unless_teacher(request, room.room_id)) is not None:
+        return denied
     try:
         await request.app[CLASSROOM].upkeep.close_room(room)
     except BusError as error:
         return _error(503, f"room not closed: {error}")
     return web.json_response({"room_id": room.room_id, "closed": True})
+
+
+def _unless_teacher(request: web.Request, room_id: str) -> web.Response | None:
+    """The error answer unless an admin or the room's teacher asks (Authorization: Bearer)."""
+    if _is_admin(request):
+        return None
+    given = tokens.bearer(request.headers.get("Authorization"))
+    teacher = given.decode("ascii", "replace") if given is not None else None
+    return _check_token(request, room_id, teacher, "teacher")
+
+
+GROUP_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")  # as AsrWorker makes them: <worker>.<run>:<n>
+
+
+async def question_group_answered(request: web.Request) -> web.Response:
+    """POST /api/rooms/<id>/question_groups/<group id>/answered, by the room's teacher (or an
+    admin; Authorization: Bearer): a question_group_answered event to the room, so that each of
+    its dashboards shows the group answered (until a question joins it again: the group's next
+    question_group event is open). The groups live in the workers: the id is not looked up."""
+    room_id, group_id = request.match_info["room_id"], request.match_info["group_id"]
+    if (denied := _unless_teacher(request, room_id)) is not None:
+        return denied
+    if not GROUP_ID.fullmatch(group_id):
+        return _error(400, "not a question group id")
+    room = await _room(request)
+    if not await request.app[CLASSROOM].publisher.publish(QuestionGroupAnsweredEvent(room.room_id, group_id)):
+        return _error(503, "the room's bus did not take the event")
+    return web.json_response({"room_id": room.room_id, "group_id": group_id, "answered": True})
 
 
 def _check_token(request: web.Request, room_id: str, token: str | None, role: str) -> web.Response | None:
@@ -603,6 +628,7 @@ def create_app(classroom: Classroom, worker: AsrWorker | None = None) -> web.App
     app.router.add_post("/api/rooms", create_room)
     app.router.add_post("/api/rooms/{room_id}/student_links", student_links)
     app.router.add_delete("/api/rooms/{room_id}", close_room)
+    app.router.add_post("/api/rooms/{room_id}/question_groups/{group_id}/answered", question_group_answered)
     app.router.add_post("/api/rooms/{room_id}/offer", offer)
     app.router.add_get("/api/rooms/{room_id}/feed", feed)
     app.router.add_get("/api/rooms/{room_id}/transcript", class_transcript)

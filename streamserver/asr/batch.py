@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -25,6 +25,7 @@ from streamserver.queue.base import Entry
 log = logging.getLogger(__name__)
 Result = tuple[Entry, TranscriptEvent | None]  # None: recognition of this utterance failed
 Recognised = tuple[Entry, Transcript | None]  # the engine's result, before its event is made
+VECTORS_KEPT = 4096  # texts whose embedding is kept for their question's group (vector_of)
 
 
 def result_event(u: Utterance, r: Transcript, intents: dict[str, dict]) -> TranscriptEvent:
@@ -45,6 +46,11 @@ class BatchRecogniser:
         self._own_executor = executor is None
         self._executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr")
         self.last_seconds: dict[str, float] = {}  # the last run()'s time by part: engine, intent
+        # The labeller's e5 embedding of the texts it labelled last (a classifier with
+        # classify_embedded: model.EmbeddingIntentClassifier), the newest VECTORS_KEPT: a question's
+        # group is found from it (intent/groups.py), also for a final published from its
+        # speculation's result later, without embedding the text again.
+        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
 
     def _spent(self, part: str, started: float) -> None:
         """In the worker thread: `part`'s time since `started`, counted and kept for run()'s caller."""
@@ -64,6 +70,16 @@ class BatchRecogniser:
         if self.intent is not None:
             texts = [" ".join(["question"] * words) + f" {i}" for i in range(rows)]
             await asyncio.get_running_loop().run_in_executor(self._executor, self._intents, texts)
+
+    async def vector_of(self, text: str) -> np.ndarray | None:
+        """The text's e5 embedding as its label read it; embedded now (in this recogniser's
+        thread) only for a text labelled elsewhere (another worker's speculation). None without
+        an embedding classifier."""
+        vector = self._vectors.get(text)
+        if vector is None and hasattr(self.intent, "classify_embedded"):
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._intents, [text])
+            vector = self._vectors.get(text)
+        return vector
 
     def close(self) -> None:
         if self._own_executor:
@@ -100,7 +116,15 @@ class BatchRecogniser:
         assert self.intent is not None
         started = time.perf_counter()
         try:
-            return {t: i.to_dict() for t, i in zip(texts, self.intent.classify(texts))}
+            if not hasattr(self.intent, "classify_embedded"):
+                return {t: i.to_dict() for t, i in zip(texts, self.intent.classify(texts))}
+            intents, vectors = self.intent.classify_embedded(texts)
+            for text, vector in zip(texts, vectors):
+                self._vectors[text] = vector
+                self._vectors.move_to_end(text)
+            while len(self._vectors) > VECTORS_KEPT:
+                self._vectors.popitem(last=False)
+            return {t: i.to_dict() for t, i in zip(texts, intents)}
         except Exception:  # a transcript without a label beats no transcript
             log.exception("intent classification failed")
             return {}

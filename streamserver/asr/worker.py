@@ -35,16 +35,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from typing import Awaitable
 
 from engines.engine import Engine
 from streamserver.asr.batch import BatchRecogniser
 from streamserver.result_log import log_result
 from streamserver.config import PARTIAL_MODES, Settings
-from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, UtteranceFailedEvent, now
-from streamserver.intent import IntentClassifier
+from streamserver.events import (QuestionGroupEvent, TranscriptEvent, TranscriptPartialEvent, Utterance,
+                                 UtteranceFailedEvent, now)
+from streamserver.intent import ASKING, IntentClassifier
+from streamserver.intent.groups import RoomGroups
 from streamserver.metrics import Metrics
 from streamserver.queue.base import HINT_MAX_AGE_S, MAX_ATTEMPTS, UNREACHABLE, Entry, Speculation, UtteranceQueue, queued_at
 from streamserver.queue.publication import finals_from_speculations
@@ -58,6 +61,7 @@ HINT_BUDGET_S = 0.1  # a batch of hints holds the engine about this long: a fina
 HINT_POLL_MS = 20  # with hints wanted, how long a read waits for a final before looking at them
 DEFERRED_POLL_MS = 10  # with finals waiting for another worker's speculation, how often they are looked at
 BUSY_WINDOW_S = 5.0
+GROUPED_KEPT = 10_000  # utterances remembered as filed in their question group (_group_question)
 HEADROOM = 0.7
 WARM_WORDS = (3, 10, 20, 40, 80)  # text lengths whose label shapes a GPU worker's calibration meets
 # auto: a final that waited longer than this in the queue (the engine was not free: on a CPU box
@@ -137,6 +141,12 @@ class AsrWorker:
         # engine call of its own, so they wait here for a batch of theirs or the next pass
         # between batches (the newest of each utterance; in this process only, as hints are).
         self._held_hints: dict[str, Utterance] = {}
+        # The questions and help requests this worker published, grouped per room by what they
+        # ask (intent/groups.py); each group's id starts with groups_id, this worker's (its queue
+        # name) and this process's, so that no two workers' or runs' groups share an id.
+        self.groups = RoomGroups()
+        self._grouped: OrderedDict[str, None] = OrderedDict()  # the utterances filed, the newest GROUPED_KEPT
+        self.groups_id = f"{getattr(queue, 'worker', None) or 'serve'}.{secrets.token_hex(3)}"
 
     def start(self) -> None:
         """Run in the background of this process's event loop (`serve`)."""
@@ -409,6 +419,10 @@ class AsrWorker:
         except UNREACHABLE:
             return []
         self.metrics.speculations.labels(outcome="recognised").inc(len(done))
+        # Filed now: its final may be published by the gateway from this result (never seen here).
+        for (_, u), event in results:
+            if event is not None:
+                await self._group_question(event)
         if self.partials == "off":  # no extra work: recognised anyway, but captions are off
             return []
         return [r for r in results if r[1] is not None and r[1].text]
@@ -497,8 +511,36 @@ class AsrWorker:
                 log_result(event)
             self.metrics.utterances.labels(outcome=event.type).inc()
             self.metrics.eos_to_published.observe(max(0.0, event.published_ts - u.end_of_speech_ts))
+            await self._group_question(event)
         else:
             self.metrics.utterances.labels(outcome="duplicate_suppressed").inc()
+
+    async def _group_question(self, event: TranscriptEvent) -> None:
+        """A question (or help request) filed in its room's groups, by the e5 vector its label was
+        read from, and the group it grew sent to the room; once per utterance, from whichever this
+        worker labelled first: its speculative result (the utterance at its pause: its final may
+        be published from it by the gateway, unseen here) or its final. Best effort: a group the
+        bus did not take is sent again as it stands when it next grows."""
+        if event.type != TranscriptEvent.type or (event.intent or {}).get("label") not in ASKING:
+            return
+        if event.utterance_id in self._grouped:
+            return
+        self._grouped[event.utterance_id] = None
+        if len(self._grouped) > GROUPED_KEPT:
+            self._grouped.popitem(last=False)
+        try:
+            vector = await self.recogniser.vector_of(event.text)
+            if vector is None:
+                return
+            group = self.groups.of(event.room_id).add(event.utterance_id, event.student_id, event.text, vector,
+                                                      event.published_ts, event.language)
+            fields = group.to_dict()
+            fields["group_id"] = f"{self.groups_id}:{group.group_id}"
+            await self.queue.publish_event(QuestionGroupEvent(event.room_id, **fields))
+        except UNREACHABLE as error:
+            log.warning("question group of room %s not sent: %s", event.room_id, error)
+        except Exception:  # noqa: BLE001 - a group is a view of the finals: it never holds them up
+            log.exception("question of utterance %s not grouped", event.utterance_id)
 
     async def _failed(self, entry_id: str, u: Utterance) -> None:
         """The job stays pending and is delivered again (claim_orphans) until MAX_ATTEMPTS."""

@@ -106,7 +106,7 @@ return 0
 # to the class transcript. One script, so that a batch is one round trip to the room's one slot
 # (a cluster pipeline refuses PUBLISH). KEYS: history, transcript; ARGV: channel, history length,
 # history field, retention, then for each event: the event, kept (1/0), a final (1/0).
-_PUBLISH_MANY = """
+PUBLISH_MANY_LUA = """
 local finals = false
 for i = 5, #ARGV, 3 do
   redis.call('PUBLISH', ARGV[1], ARGV[i])
@@ -171,7 +171,7 @@ class RedisBus:
         self._node_turn = 0  # which of the cluster's nodes the subscriptions use now
         self._node_client: aioredis.Redis | None = None  # a plain client of that node
         self._node_clients: list[aioredis.Redis] = []  # every one made, closed by close()
-        self._publish_many = self._redis.register_script(_PUBLISH_MANY)
+        self._publish_many = self._redis.register_script(PUBLISH_MANY_LUA)
         self._save_room = self._redis.register_script(_SAVE_ROOM)
         self._take_seat = self._redis.register_script(_TAKE_SEAT)
         self._renew_seats = self._redis.register_script(_RENEW_SEATS)

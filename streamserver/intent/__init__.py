@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 LABELS = ("question", "help_request", "answer", "acknowledgement", "off_task")
+# What a student asks of the teacher: filed in the room's question groups (intent/groups.py).
+ASKING = ("question", "help_request")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ paraphrased questions in English and Mandarin and makes question_centre.npz
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,9 @@ CENTRE_PATH = Path(__file__).with_name("question_centre.npz")
 # Weight of the corpus prior in a room's mean, in questions: enough to centre the first few
 # questions, few enough that a room's own lecture topic dominates after a dozen.
 PRIOR_WEIGHT = 10.0
+# A worker keeps the groups of at most this many rooms, none silent (no question) this long.
+ROOMS_KEPT = 1000
+ROOM_IDLE_S = 4 * 3600.0
 
 
 @dataclass
@@ -138,6 +143,31 @@ class QuestionGroups:
         self._ids.append(group.group_id)
         self._sums = vector[None, :].copy() if self._sums.size == 0 else np.vstack([self._sums, vector])
         return group
+
+
+class RoomGroups:
+    """Each room's QuestionGroups, as a worker keeps them: a room without a question for
+    `idle_s`, or the least recently asked past `max_rooms`, is forgotten (its groups start anew
+    if it asks again)."""
+
+    def __init__(self, max_rooms: int = ROOMS_KEPT, idle_s: float = ROOM_IDLE_S) -> None:
+        self.max_rooms, self.idle_s = max_rooms, idle_s
+        self._rooms: OrderedDict[str, tuple[QuestionGroups, float]] = OrderedDict()  # least recently asked first
+
+    def __len__(self) -> int:
+        return len(self._rooms)
+
+    def of(self, room_id: str) -> QuestionGroups:
+        """The room's groups (new ones for a room not kept), its use noted."""
+        at = time.monotonic()
+        while self._rooms:
+            oldest, (_, used) = next(iter(self._rooms.items()))
+            if at - used < self.idle_s and len(self._rooms) < self.max_rooms or oldest == room_id:
+                break
+            del self._rooms[oldest]
+        groups = self._rooms.pop(room_id, (None, 0.0))[0] or QuestionGroups()
+        self._rooms[room_id] = (groups, at)
+        return groups
 
 
 def purity_completeness(found: list[int], truth: list[str]) -> tuple[float, float]:

@@ -20,6 +20,7 @@ from streamserver.intent.e5_onnx import OnnxE5Embedder
 from streamserver.intent.ngrams import ngram_vector
 
 MODEL_PATH = Path(__file__).with_name("intent_model.npz")
+EMBEDDING_DIM = 384  # multilingual-e5-small's
 MAX_CHARS = 512  # a transcript longer than this is classified on its start (e5 reads 512 tokens)
 
 
@@ -74,20 +75,29 @@ class EmbeddingIntentClassifier:
         self.embedder = embedder or OnnxE5Embedder()
 
     def probabilities(self, texts: list[str]) -> np.ndarray:
+        return self._probabilities(texts)[0]
+
+    def _probabilities(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The labels' probabilities and the texts' sentence embeddings they were read from."""
         dense, grams = features(self.embedder, texts)
         x = np.hstack([(dense - self.mean) / self.std, NGRAM_SCALE * grams])
         logits = x @ self.weights + self.bias
-        return softmax(logits / self.temperature)
+        return softmax(logits / self.temperature), dense[:, :EMBEDDING_DIM]
 
     def classify(self, texts: list[str]) -> list[Intent]:
         """A label (or None when unsure) per text; empty or symbol-only text is None, never an error."""
+        return self.classify_embedded(texts)[0]
+
+    def classify_embedded(self, texts: list[str]) -> tuple[list[Intent], np.ndarray]:
+        """classify(), and each text's L2-normalised e5 embedding [n, 384] that the labels read
+        (question groups file questions by it: intent/groups.py): one embedding for both."""
         if not texts:
-            return []
+            return [], np.zeros((0, EMBEDDING_DIM), np.float32)
         out: list[Intent] = []
-        probs = self.probabilities(texts)
+        probs, embedded = self._probabilities(texts)
         for text, p in zip(texts, probs):
             best = int(p.argmax())
             has_words = any(ch.isalnum() for ch in text)
             confident = has_words and p[best] >= self.threshold
             out.append(Intent(LABELS[best] if confident else None, float(p[best])))
-        return out
+        return out, embedded

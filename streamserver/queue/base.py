@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from streamserver.bus.connect import REDIS_FAILURES
 
 from streamserver.config import Bounds
-from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
+from streamserver.events import Event, TranscriptEvent, TranscriptPartialEvent, Utterance, now
 
 Entry = tuple[str, Utterance]  # (entry id in the queue, the utterance): "<ms since epoch>-<n>", as Redis makes them
 # A queue that cannot be reached (Redis away, a socket error, a cluster failing a primary over):
@@ -178,6 +178,10 @@ class UtteranceQueue(Protocol):
 
     async def publish_partial(self, event: TranscriptPartialEvent) -> bool:
         """Send a partial to the room (not to its history) unless its utterance is published."""
+
+    async def publish_event(self, event: Event) -> bool:
+        """Send a room event of the worker's own (a question group) to the room, and to its
+        history if the event is kept; False where the room's bus did not take it."""
 
     async def claim_orphans(self) -> list[Entry]:
         """Jobs delivered to a worker that died, or idle past the visibility timeout, now ours."""

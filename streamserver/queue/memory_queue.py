@@ -21,7 +21,7 @@ import numpy as np
 
 from streamserver.queue.fair import FairTurns, entry_share, gives_way
 from streamserver.bus.ordered import OrderedPublisher
-from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance
+from streamserver.events import Event, TranscriptEvent, TranscriptPartialEvent, Utterance
 from streamserver.queue.base import (
     HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Displaced, Entry, QueueFull, Speculation, wanted_hints,
 )
@@ -136,6 +136,9 @@ class MemoryQueue:
 
     async def claim(self, event: TranscriptEvent) -> bool:
         return await self._publish_once(event)
+
+    async def publish_event(self, event: Event) -> bool:
+        return await self.publisher.publish(event)
 
     async def _publish_once(self, event: TranscriptEvent) -> bool:
         self._speculations.pop(event.utterance_id, None)

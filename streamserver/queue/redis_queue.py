@@ -36,7 +36,8 @@ from streamserver.bus.keys import (
     is_final_transcript,
 )
 from streamserver.config import Settings
-from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, now
+from streamserver.bus.redis import PUBLISH_MANY_LUA
+from streamserver.events import Event, TranscriptEvent, TranscriptPartialEvent, Utterance, now
 from streamserver.queue.base import (
     HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Displaced, Entry, QueueFull, Speculation, wanted_hints,
 )
@@ -269,6 +270,7 @@ class RedisQueue:
         self._offer = self.redis.register_script(_OFFER)
         self._take_hints = self.redis.register_script(_TAKE_HINTS)
         self._partial = self.redis.register_script(_PARTIAL)
+        self._publish_many = self.redis.register_script(PUBLISH_MANY_LUA)  # as the room's bus publishes
         self._group_ready = False
         # A cluster's connections are spread over its nodes: CLIENT LIST of one tells nothing of
         # a worker's, so dead workers are found by their heartbeat there.
@@ -586,6 +588,12 @@ class RedisQueue:
         shard = self._note(event.utterance_id, event.room_id)
         return bool(await self._partial(keys=[self.keys.done(shard, event.utterance_id)],
                                         args=[self.keys.room_channel(event.room_id), event.to_json()]))
+
+    async def publish_event(self, event: Event) -> bool:
+        await self._publish_many(keys=[self.keys.history(event.room_id), self.keys.transcript(event.room_id)],
+                                 args=[self.keys.room_channel(event.room_id), self.history_len, HISTORY_FIELD,
+                                       self.transcript_retention_s, event.to_json(), int(event.kept), 0])
+        return True
 
     async def heartbeat(self, stats: dict[str, Any]) -> None:
         assert self.worker

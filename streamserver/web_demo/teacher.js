@@ -469,19 +469,50 @@ function trimQueue() {
 // A group as it stands (its count, students, representative question); drawn at the next frame,
 // however many grew meanwhile.
 function applyGroup(ev) {
-  if (!Number.isInteger(ev.group_id)) return;
+  if (typeof ev.group_id !== 'string' && !Number.isInteger(ev.group_id)) return; // "<worker>:<n>"
   groups.delete(ev.group_id); // re-inserted: the Map stays in the order the groups last grew
   groups.set(ev.group_id, ev);
   if (groups.size > GROUPS_KEPT) groups.delete(groups.keys().next().value);
+  redrawGroups();
+}
+
+// The teacher (or a TA, on any dashboard of the room) marked the group answered: shown so until
+// a question joins it again (its next question_group event is open).
+function applyAnswered(ev) {
+  const g = groups.get(ev.group_id);
+  if (!g) return;
+  groups.set(ev.group_id, { ...g, answered: true }); // its place in the Map kept: it did not grow
+  redrawGroups();
+}
+
+function redrawGroups() {
   if (groupsDrawn) {
     groupsDrawn = false;
     requestAnimationFrame(drawGroups);
   }
 }
 
+// POST .../question_groups/<id>/answered: the server tells every dashboard of the room, this one
+// too (question_group_answered), so the button waits for that rather than marking it here.
+async function markAnswered(groupId, button) {
+  button.disabled = true;
+  try {
+    const resp = await fetch(`/api/rooms/${encodeURIComponent(room)}/question_groups/${encodeURIComponent(groupId)}/answered`, {
+      method: 'POST', headers: { Authorization: `Bearer ${token}` },
+    });
+    if (!resp.ok) throw new Error(`${resp.status} ${(await resp.json().catch(() => ({}))).error || resp.statusText}`);
+  } catch (err) {
+    button.title = `not marked: ${err.message}`;
+  } finally {
+    button.disabled = false;
+  }
+}
+
 function drawGroups() {
   groupsDrawn = true;
-  const newest = [...groups.values()].sort((a, b) => (b.last_at - a.last_at) || (a.group_id - b.group_id)).slice(0, GROUPS_SHOWN);
+  const newest = [...groups.values()]
+    .sort((a, b) => (b.last_at - a.last_at) || String(a.group_id).localeCompare(String(b.group_id)))
+    .slice(0, GROUPS_SHOWN);
   const shown = new Set(newest.map((g) => g.group_id));
   for (const id of groupItems.keys()) if (!shown.has(id)) groupItems.delete(id);
   $('groups').replaceChildren(...newest.map(groupItem));
@@ -498,9 +529,14 @@ function groupItem(g) {
   if (!li) {
     li = el('li', 'question-group');
     li.dataset.groupId = g.group_id;
-    li.append(el('span', 'group-count'), el('p', 'group-question'), el('span', 'group-students'));
+    const answer = el('button', 'group-answer secondary small', 'answered');
+    answer.type = 'button';
+    answer.title = 'Mark this question answered on every dashboard of the room';
+    answer.addEventListener('click', () => markAnswered(g.group_id, answer));
+    li.append(el('span', 'group-count'), el('p', 'group-question'), el('span', 'group-students'), answer);
     groupItems.set(g.group_id, li);
   }
+  li.querySelector('.group-answer').hidden = !!g.answered;
   li.dataset.count = g.count;
   li.classList.toggle('answered', !!g.answered);
   li.querySelector('.group-count').textContent = String(g.count);
@@ -568,6 +604,7 @@ function handle(msg) {
       for (const ev of msg.events || []) {
         if (ev && ENDS_CAPTION.has(ev.type)) endCaption(ev);
         else if (ev && ev.type === 'question_group') applyGroup(ev);
+        else if (ev && ev.type === 'question_group_answered') applyAnswered(ev);
       }
       break;
     case 'roster':
@@ -581,6 +618,9 @@ function handle(msg) {
       break;
     case 'question_group':
       applyGroup(msg);
+      break;
+    case 'question_group_answered':
+      applyAnswered(msg);
       break;
     case 'no_speech':
     case 'utterance_failed':
