@@ -516,7 +516,7 @@ function drawGroups() {
   const shown = new Set(newest.map((g) => g.group_id));
   for (const id of groupItems.keys()) if (!shown.has(id)) groupItems.delete(id);
   $('groups').replaceChildren(...newest.map(groupItem));
-  $('group-total').textContent = `${groups.size} groups`;
+  $('group-total').textContent = `${groups.size} ${groups.size === 1 ? 'group' : 'groups'}`;
   if ($('groups-box').hidden) { // the queue below gets shorter: it keeps following if it did
     const follows = isNearBottomOf(queue);
     $('groups-box').hidden = false;
