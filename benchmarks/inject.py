@@ -40,7 +40,7 @@ import numpy as np
 
 from benchmarks.cpu_use import CpuSampler
 from benchmarks.local_cluster import LocalCluster
-from benchmarks.scaleout import EXE, _wait_http, stop_all
+from benchmarks.scaleout import EXE, _profile, _wait_http, stop_all
 from streamserver.config import Settings
 from tests.redis_server import free_port
 
@@ -192,6 +192,9 @@ def main() -> int:
     p.add_argument("--model", default=Settings.model)
     p.add_argument("--backend", default=Settings.backend)
     p.add_argument("--worker-args", default="", metavar="ARGS", help="more arguments for every worker, one shell-quoted string")
+    p.add_argument("--stub-engine", type=float, metavar="S",
+                   help="workers with a stand-in engine that sleeps S a batch (benchmarks/stub_worker.py): the "
+                        "worker's own CPU alone, on any machine")
     p.add_argument("--injectors", type=int, default=4, help="injector processes")
     p.add_argument("--ready-timeout", type=float, default=300, metavar="S", help="longest wait for a worker's /readyz")
     p.add_argument("--seed", type=int, default=1)
@@ -221,10 +224,12 @@ def main() -> int:
         workers = []
         for i in range(args.workers):
             mport = free_port()
+            if args.stub_engine is not None:
+                command = [sys.executable, "-m", "benchmarks.stub_worker", "--engine-s", str(args.stub_engine)]
+            else:
+                command = EXE + ["worker", "--model", args.model, "--backend", args.backend, "--threads", str(args.threads)]
             w = subprocess.Popen(
-                EXE + ["worker", "--redis-url", url, "--model", args.model, "--backend", args.backend,
-                       "--threads", str(args.threads), "--name", f"worker-{i}", "--metrics-port", str(mport),
-                       *shlex.split(args.worker_args)],
+                command + ["--redis-url", url, "--name", f"worker-{i}", "--metrics-port", str(mport), *shlex.split(args.worker_args)],
                 env=env, stdout=open(logs / f"worker-{i}.log", "w"), stderr=subprocess.STDOUT)
             procs.append(w)
             workers.append((w, mport))
@@ -254,6 +259,8 @@ def main() -> int:
         cpu = CpuSampler(pids)
         time.sleep(max(0.0, start_at - time.time()))
         cpu.start()
+        # SCALEOUT_PYSPY=<py-spy>: worker-0's stacks over the middle third (logs/worker-0.pyspy.txt)
+        profilers = _profile([("worker-0", workers[0][0].pid)], logs, args.duration) if workers else []
         node_cpu_0 = cluster.cpu_seconds() if cluster is not None else {}
         t0 = time.time()
         for proc in injectors:
@@ -261,6 +268,8 @@ def main() -> int:
         injecting_s = time.time() - t0
         node_cpu_1 = cluster.cpu_seconds() if cluster is not None else {}
         cpu.stop()
+        for profiler in profilers:
+            profiler.wait(30)
         # the last results: until every queued utterance is published, or --drain seconds
         queued_ids = set()
         records: list[dict[str, Any]] = []
@@ -281,7 +290,7 @@ def main() -> int:
         print(f"offered {report['offered_per_s']} utt/s, submitted {report['submitted']}, queued {report['queued']}, "
               f"refused {report['refused']}, errors {report['errors']}, published {report['published']}, lost {report['lost']}, "
               f"copies {report['copies']}; queue -> published p50 {s.get('p50')} p99 {s.get('p99')} s (after {WARMUP_S:.0f} s); "
-              f"Redis cores {report['redis_cores']}", file=sys.stderr, flush=True)
+              f"Redis cores {report['redis_cores']}; worker CPU {report['worker_cpu_ms_per_utterance']} ms an utterance", file=sys.stderr, flush=True)
         return 0
     finally:
         for proc in injectors:
@@ -315,6 +324,9 @@ def _report(args: argparse.Namespace, rate: float, mean_clip_s: float, rooms: in
         }
 
     window = max(injecting_s, 1e-3)
+    # the workers' CPU per result they published while the CPU was sampled (the injection)
+    published_in_window = sum(t0 <= ts <= t0 + injecting_s for ts, _ in published.values())
+    worker_cpu_s = cpu.get("cpu_s_by_kind", {}).get("worker")
     return {
         "students": args.students, "speak_ratio": args.speak_ratio, "duration_s": args.duration, "rooms": rooms,
         "mean_clip_s": round(mean_clip_s, 3), "offered_per_s": round(rate, 1),
@@ -326,10 +338,13 @@ def _report(args: argparse.Namespace, rate: float, mean_clip_s: float, rooms: in
         "copies": copies, "published_per_s": round(len(published) / window, 1),
         "all": part(0.0), "steady": part(WARMUP_S),
         "redis_cores": {name: round((node_cpu_1.get(name, 0.0) - used) / window, 3) for name, used in node_cpu_0.items()},
-        "cpu": cpu, "jobs_waiting_max": max((d for _, d in depth), default=None), "jobs_waiting": depth,
+        "cpu": cpu, "published_while_sampled": published_in_window,
+        "worker_cpu_ms_per_utterance": round(1000 * worker_cpu_s / published_in_window, 3)
+        if worker_cpu_s is not None and published_in_window else None,
+        "jobs_waiting_max": max((d for _, d in depth), default=None), "jobs_waiting": depth,
         "scenario": {"url": url, "shards": args.shards, "replicas": args.replicas, "workers": args.workers,
                      "threads_per_worker": args.threads, "model": args.model, "backend": args.backend,
-                     "worker_args": args.worker_args, "injectors": args.injectors, "ready_after_s": ready_s,
+                     "worker_args": args.worker_args, "stub_engine_s": args.stub_engine, "injectors": args.injectors, "ready_after_s": ready_s,
                      "warmup_s": WARMUP_S, "cpus": os.cpu_count(), "command": " ".join(sys.argv)},
     }
 

@@ -27,7 +27,9 @@
 #   a fresh virtual machine's first touch of its memory make its first run slow?)
 #   INJECT=1: benchmarks/inject.py instead (no gateway, no simulated student): utterances at the rate of
 #   STUDENTS students into a local Redis Cluster of SHARDS=3 primaries, one replica each, with WORKERS workers
-#   and INJECTORS=4 injector processes; ROOMS_ARG rooms (default one per 125 students)
+#   and INJECTORS=4 injector processes; ROOMS_ARG rooms (default one per 125 students); PROFILE=1 there
+#   samples worker-0 ($NAME/worker-0.pyspy.txt); STUB_ENGINE=S: workers with a stand-in engine that
+#   sleeps S a batch (benchmarks/stub_worker.py: the worker's own CPU alone)
 #   WARM_LIBS=1: before the run, read torch's and CUDA's shared libraries once (a diagnosis: CUDA
 #   loads a kernel from them at its first use, CUDA_MODULE_LOADING=LAZY; on a fresh machine those
 #   files are not in the page cache yet). CUDA_MODULE_LOADING=EAGER (passed on to the worker)
@@ -149,14 +151,21 @@ print(' '.join(roots))")
     say "read $(echo "$files" | grep -c .) shared libraries in $(( $(date +%s) - t )) s (WARM_LIBS)"
 fi
 [ -n "${CUDA_MODULE_LOADING:-}" ] && say "CUDA_MODULE_LOADING=$CUDA_MODULE_LOADING"
+if [ "${PROFILE:-0}" = 1 ]; then  # py-spy samples worker-0 (and gateway-0 where there is one): the payload's py-spy wheel
+    for b in "$SITE/bin/py-spy" "$(command -v py-spy)"; do [ -x "$b" ] && export SCALEOUT_PYSPY=$b && break; done
+    [ -n "${PROFILE_FROM:-}" ] && export SCALEOUT_PYSPY_FROM=$PROFILE_FROM
+    say "profiling with ${SCALEOUT_PYSPY:-(no py-spy found)}"
+fi
 if [ "${INJECT:-0}" = 1 ]; then  # the fleet's middle alone: benchmarks/inject.py over a local cluster
     SHARDS=${SHARDS:-3}; INJECTORS=${INJECTORS:-4}
     say "injecting at the rate of $STUDENTS students into a cluster of $SHARDS primaries (1 replica each), $WORKERS x $BACKEND $MODEL workers, $INJECTORS injectors"
     "$PYTHON" -m benchmarks.inject --students "$STUDENTS" --speak-ratio "$SPEAK_RATIO" --duration "$DURATION" \
         --shards "$SHARDS" --workers "$WORKERS" --threads "$THREADS" --model "$MODEL" --backend "$BACKEND" \
         --worker-args="$WORKER_ARGS" --injectors "$INJECTORS" --ready-timeout "$READY_TIMEOUT" ${ROOMS_ARG:+--rooms "$ROOMS_ARG"} \
-        --out "$OUT/$NAME"
+        ${STUB_ENGINE:+--stub-engine "$STUB_ENGINE"} --out "$OUT/$NAME"
     rc=$?
+    # worker-0's profile travels apart from the logs' archive, so that it comes back even where the archive is over the limit
+    [ -f "$OUT/$NAME/logs/worker-0.pyspy.txt" ] && cp "$OUT/$NAME/logs/worker-0.pyspy.txt" "$OUT/$NAME/"
     [ -d "$OUT/$NAME/logs" ] && tar -czf "$OUT/$NAME-logs.tgz" -C "$OUT/$NAME" logs && rm -rf "$OUT/$NAME/logs"
     [ $rc -eq 0 ] || fail "benchmarks.inject exited with status $rc"
     "$PYTHON" -c "
@@ -165,11 +174,6 @@ r = json.load(open(sys.argv[1]))
 print(json.dumps({k: v for k, v in r.items() if k not in ('jobs_waiting', 'all')}, indent=1))" "$OUT/$NAME/report.json"
     say "done; results in $OUT/$NAME"
     exit 0
-fi
-if [ "${PROFILE:-0}" = 1 ]; then  # py-spy samples gateway-0 and worker-0 (the payload's py-spy wheel)
-    for b in "$SITE/bin/py-spy" "$(command -v py-spy)"; do [ -x "$b" ] && export SCALEOUT_PYSPY=$b && break; done
-    [ -n "${PROFILE_FROM:-}" ] && export SCALEOUT_PYSPY_FROM=$PROFILE_FROM
-    say "profiling with ${SCALEOUT_PYSPY:-(no py-spy found)}"
 fi
 "$PYTHON" -m benchmarks.scaleout --students "$STUDENTS" --duration "$DURATION" --rooms "$ROOMS" \
     --speak-ratio "$SPEAK_RATIO" --gateways "$GATEWAYS" --gateway-processes "$GATEWAY_PROCESSES" --loadsim-processes "$PROCESSES" --transport "$TRANSPORT" \

@@ -38,7 +38,7 @@ import logging
 import secrets
 import time
 from collections import Counter, OrderedDict, deque
-from typing import Awaitable
+from typing import Awaitable, Coroutine
 
 from engines.engine import Engine
 from streamserver.asr.batch import BatchRecogniser
@@ -50,7 +50,7 @@ from streamserver.intent import ASKING, IntentClassifier
 from streamserver.intent.groups import RoomGroups
 from streamserver.metrics import Metrics
 from streamserver.queue.base import HINT_MAX_AGE_S, MAX_ATTEMPTS, UNREACHABLE, Entry, Speculation, UtteranceQueue, queued_at
-from streamserver.queue.publication import finals_from_speculations
+from streamserver.queue.publication import Completion, complete_all, finals_from_speculations
 from streamserver.queue.fair import FairTurns, entry_share
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ HINT_BUDGET_S = 0.1  # a batch of hints holds the engine about this long: a fina
 HINT_POLL_MS = 20  # with hints wanted, how long a read waits for a final before looking at them
 DEFERRED_POLL_MS = 10  # with finals waiting for another worker's speculation, how often they are looked at
 BUSY_WINDOW_S = 5.0
-GROUPED_KEPT = 10_000  # utterances remembered as filed in their question group (_group_question)
+GROUPED_KEPT = 10_000  # utterances remembered as filed in their question group (_group_questions)
 HEADROOM = 0.7
 WARM_WORDS = (3, 10, 20, 40, 80)  # text lengths whose label shapes a GPU worker's calibration meets
 # auto: a final that waited longer than this in the queue (the engine was not free: on a CPU box
@@ -88,11 +88,9 @@ Result = tuple[Entry, TranscriptEvent | None]
 
 
 def by_student(results: list[Result]) -> list[list[Result]]:
-    """The results in lanes, one a student, each in the order spoken: a batch's publications go
-    side by side (side_by_side), one student's in order. Each publication is a round trip to the
-    queue, and under load Redis answers each later; one after the other, a batch's round trips
-    held the worker longer than its engine did, so it took fewer and larger batches while every
-    final waited longer (benchmarks/README.md, "The current code at its defaults")."""
+    """The results in lanes, one a student, each in the order spoken: a batch's captions go
+    side by side (side_by_side), one student's in order, so that the worker is not held a round
+    trip to the queue per caption."""
     lanes: dict[str, list[Result]] = {}
     for result in results:
         u = result[0][1]
@@ -125,6 +123,10 @@ class AsrWorker:
         self.buffer: list[Entry] = []
         self._turns = FairTurns()  # whose turn it is in the buffer (a Redis worker's read holds several rooms')
         self._in_progress: set[str] = set()
+        # The publications of recognised batches, one after the other (each awaits the one before:
+        # one student's finals in the order spoken); the engine meanwhile recognises the next batch.
+        self._publishing: asyncio.Task[None] | None = None
+        self._publishing_ids: set[str] = set()  # their jobs: not to be claimed back from ourselves
         self._rate = 0.0  # utterances/s, smoothed: what backpressure reads
         self._batch_rows = 1.0  # rows a batch, smoothed: how far the rate is from a full batch's (capacity)
         self.ready = False  # engine loaded and measured, queue reachable: /readyz
@@ -166,6 +168,8 @@ class AsrWorker:
         finally:
             for t in tasks:
                 t.cancel()
+            if self._publishing is not None:  # its jobs stay pending: claimed, published once
+                self._publishing.cancel()
             self.recogniser.close()
 
     async def _until_reachable(self, op, *args):  # noqa: ANN001, ANN202 - any queue coroutine
@@ -237,7 +241,7 @@ class AsrWorker:
                 claimed = await self.queue.claim_orphans()
             except UNREACHABLE:
                 continue
-            known = {eid for eid, _ in self.buffer} | self._in_progress | self._deferred.keys()
+            known = {eid for eid, _ in self.buffer} | self._in_progress | self._publishing_ids | self._deferred.keys()
             self.buffer += [e for e in claimed if e[0] not in known]
 
     async def _loop(self) -> None:
@@ -268,7 +272,7 @@ class AsrWorker:
             batch = self._turns.batch(self.buffer, size, entry_share)
             self._in_progress = {eid for eid, _ in batch}  # not to be claimed back from ourselves
             try:
-                await self._transcribe(batch)
+                await self._recognised(batch)  # its publication goes on beside the next batch
             finally:
                 # A job left pending (its recognition failed) may be claimed again, by us too.
                 self._in_progress = set()
@@ -323,13 +327,23 @@ class AsrWorker:
         return max(1, min(self.max_batch, int(self._rate * HINT_BUDGET_S)))
 
     async def _transcribe(self, batch: list[Entry]) -> None:
+        """Recognise a batch and publish its results (and any before them)."""
+        publication = await self._recognised(batch)
+        if publication is not None:
+            await publication
+
+    async def _recognised(self, batch: list[Entry]) -> asyncio.Task[None] | None:
+        """Recognise a batch; its publication is started behind the batches' before it and
+        returned, not awaited: the loop reads and recognises the next batch meanwhile, so that
+        the engine does not wait on Redis's round trips. It waits for the publication before it
+        only once it has a new one to start: at most one batch's publication is in flight."""
         now = time.time()
         if any(now - at > FINAL_WAIT_S for entry_id, _ in batch if (at := queued_at(entry_id)) is not None):
             self._waited = time.monotonic()
         batch, waiting = await self._from_speculations(batch)
         self._deferred.update((entry[0], entry) for entry in waiting)
         if not batch:
-            return
+            return self._publishing
         riders = await self._riders(batch)
         started = time.perf_counter()
         # The labels in line: labelling beside the next engine batch (a thread of its own) takes
@@ -339,8 +353,32 @@ class AsrWorker:
         # in the code").
         results = await self.recogniser.run(batch + riders)
         self._worked(started, batch + riders)
+        if self._publishing is not None and not self._publishing.done():
+            await asyncio.wait({self._publishing})
+        if self._publishing is not None and self._publishing.done() and not self._publishing.cancelled() \
+                and (error := self._publishing.exception()) is not None:
+            raise error
+        return self._chain(self._publish_batch(results), batch)
+
+    def _chain(self, publication: Coroutine[None, None, None], entries: list[Entry]) -> asyncio.Task[None]:
+        """`publication` run once the publications started before it are over."""
+        previous, ids = self._publishing, {entry_id for entry_id, _ in entries}
+        self._publishing_ids |= ids
+
+        async def after() -> None:
+            try:
+                if previous is not None:
+                    await asyncio.wait({previous})
+                await publication
+            finally:
+                self._publishing_ids -= ids
+
+        self._publishing = asyncio.get_running_loop().create_task(after())
+        return self._publishing
+
+    async def _publish_batch(self, results: list[Result]) -> None:
         captions = await self._keep_speculations([r for r in results if r[0][1].kind == "speculative"])
-        await side_by_side([self._finish_in_order(lane) for lane in by_student([r for r in results if r[0][1].kind == "final"])])
+        await self._finish([r for r in results if r[0][1].kind == "final"])
         # Captions last: a final never waits for a caption's round trip to Redis.
         await self._publish_partials(captions + [r for r in results if r[0][1].kind == "partial"])
 
@@ -420,9 +458,7 @@ class AsrWorker:
             return []
         self.metrics.speculations.labels(outcome="recognised").inc(len(done))
         # Filed now: its final may be published by the gateway from this result (never seen here).
-        for (_, u), event in results:
-            if event is not None:
-                await self._group_question(event)
+        await self._group_questions([event for _, event in results if event is not None])
         if self.partials == "off":  # no extra work: recognised anyway, but captions are off
             return []
         return [r for r in results if r[1] is not None and r[1].text]
@@ -448,13 +484,17 @@ class AsrWorker:
         recognising (to wait for)."""
         ready, rest, waiting = await finals_from_speculations(self.queue, batch)
         self.metrics.speculations.labels(outcome="used_by_worker").inc(len(ready))
-        await side_by_side([self._finish_in_order(lane) for lane in by_student(ready)])
+        if ready:
+            self._chain(self._finish(list(ready)), [entry for entry, _ in ready])
         return rest, waiting
 
     async def _settle_deferred(self) -> None:
         """The finals waiting for a speculation: published from it once it is ready; recognised
         here if it is not coming (its worker gave up or died: the mark's time passed)."""
+        settled = len(self._deferred)
         rest, waiting = await self._from_speculations(list(self._deferred.values()))  # still theirs meanwhile (claims)
+        if len(rest) + len(waiting) < settled and self._publishing is not None:
+            await self._publishing  # those published from their speculation: out before the loop goes on
         self._deferred = {entry[0]: entry for entry in waiting}
         self.buffer += rest
         self.metrics.speculations.labels(outcome="waited_for_in_vain").inc(len(rest))
@@ -495,55 +535,83 @@ class AsrWorker:
                 continue
             self.metrics.partials.labels(outcome="published" if sent else "late").inc()
 
-    async def _finish_in_order(self, lane: list[Result]) -> None:
-        """One student's finals published (or their failures counted), in the order spoken."""
-        for (entry_id, u), event in lane:
-            if event is None:
-                await self._failed(entry_id, u)
-            else:
-                await self._complete(entry_id, u, event)
+    async def _finish(self, results: list[Result]) -> None:
+        """A batch's finals published, or their failures counted: a job whose recognition failed
+        stays pending and is delivered again (claim_orphans) until MAX_ATTEMPTS, then its failure
+        is published."""
+        failed = [entry for entry, event in results if event is None]
+        given_up: set[str] = set()
+        if failed:
+            counts = await asyncio.gather(*(self._until_reachable(self.queue.attempt, entry_id) for entry_id, _ in failed))
+            for (entry_id, u), count in zip(failed, counts):
+                if count >= MAX_ATTEMPTS:
+                    log.error("giving up utterance %s after %d attempts", u.utterance_id, MAX_ATTEMPTS)
+                    given_up.add(entry_id)
+        done: list[Completion] = []
+        for (entry_id, u), event in results:
+            if event is not None:
+                done.append((entry_id, u, event))
+            elif entry_id in given_up:
+                done.append((entry_id, u, UtteranceFailedEvent.of(u)))
+        await self._complete(done)
 
-    async def _complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> None:
-        fresh = await self._until_reachable(self.queue.complete, entry_id, u, event)
-        self.transcribed += 1
-        if fresh:
-            if self.log_results:
-                log_result(event)
-            self.metrics.utterances.labels(outcome=event.type).inc()
-            self.metrics.eos_to_published.observe(max(0.0, event.published_ts - u.end_of_speech_ts))
-            await self._group_question(event)
-        else:
-            self.metrics.utterances.labels(outcome="duplicate_suppressed").inc()
+    async def _complete(self, done: list[Completion]) -> None:
+        """Published once each (queue.complete_many: a round trip per Redis primary, not per
+        final), those the queue could not take completed again until it does."""
+        delay = 0.1
+        grouped: list[TranscriptEvent] = []
+        while done:
+            replies = await complete_all(self.queue, done)
+            for (_, u, event), fresh in zip(done, replies):
+                if fresh is None:
+                    continue
+                self.transcribed += 1
+                if fresh:
+                    if self.log_results:
+                        log_result(event)
+                    self.metrics.utterances.labels(outcome=event.type).inc()
+                    self.metrics.eos_to_published.observe(max(0.0, event.published_ts - u.end_of_speech_ts))
+                    grouped.append(event)
+                else:
+                    self.metrics.utterances.labels(outcome="duplicate_suppressed").inc()
+            done = [completion for completion, fresh in zip(done, replies) if fresh is None]
+            if done:
+                self.ready = False
+                log.warning("%d results not published yet; again in %.1fs", len(done), delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        await self._group_questions(grouped)
 
-    async def _group_question(self, event: TranscriptEvent) -> None:
-        """A question (or help request) filed in its room's groups, by the e5 vector its label was
-        read from, and the group it grew sent to the room; once per utterance, from whichever this
-        worker labelled first: its speculative result (the utterance at its pause: its final may
-        be published from it by the gateway, unseen here) or its final. Best effort: a group the
-        bus did not take is sent again as it stands when it next grows."""
-        if event.type != TranscriptEvent.type or (event.intent or {}).get("label") not in ASKING:
-            return
-        if event.utterance_id in self._grouped:
-            return
-        self._grouped[event.utterance_id] = None
-        if len(self._grouped) > GROUPED_KEPT:
-            self._grouped.popitem(last=False)
-        try:
-            vector = await self.recogniser.vector_of(event.text)
-            if vector is None:
-                return
-            group = self.groups.of(event.room_id).add(event.utterance_id, event.student_id, event.text, vector,
-                                                      event.published_ts, event.language)
-            fields = group.to_dict()
-            fields["group_id"] = f"{self.groups_id}:{group.group_id}"
-            await self.queue.publish_event(QuestionGroupEvent(event.room_id, **fields))
-        except UNREACHABLE as error:
-            log.warning("question group of room %s not sent: %s", event.room_id, error)
-        except Exception:  # noqa: BLE001 - a group is a view of the finals: it never holds them up
-            log.exception("question of utterance %s not grouped", event.utterance_id)
-
-    async def _failed(self, entry_id: str, u: Utterance) -> None:
-        """The job stays pending and is delivered again (claim_orphans) until MAX_ATTEMPTS."""
-        if await self._until_reachable(self.queue.attempt, entry_id) >= MAX_ATTEMPTS:
-            log.error("giving up utterance %s after %d attempts", u.utterance_id, MAX_ATTEMPTS)
-            await self._complete(entry_id, u, UtteranceFailedEvent.of(u))
+    async def _group_questions(self, events: list[TranscriptEvent]) -> None:
+        """Questions (and help requests) filed in their rooms' groups, by the e5 vector each label
+        was read from, and each group they grew sent to its room once, as it stands after them;
+        once per utterance, from whichever this worker labelled first: its speculative result
+        (the utterance at its pause: its final may be published from it by the gateway, unseen
+        here) or its final. Best effort: a group the bus did not take is sent again as it stands
+        when it next grows."""
+        grown: dict[tuple[str, str], QuestionGroupEvent] = {}
+        for event in events:
+            if event.type != TranscriptEvent.type or (event.intent or {}).get("label") not in ASKING:
+                continue
+            if event.utterance_id in self._grouped:
+                continue
+            self._grouped[event.utterance_id] = None
+            if len(self._grouped) > GROUPED_KEPT:
+                self._grouped.popitem(last=False)
+            try:
+                vector = await self.recogniser.vector_of(event.text)
+                if vector is None:
+                    continue
+                group = self.groups.of(event.room_id).add(event.utterance_id, event.student_id, event.text, vector,
+                                                          event.published_ts, event.language)
+                fields = group.to_dict()
+                fields["group_id"] = f"{self.groups_id}:{group.group_id}"
+                grown[(event.room_id, fields["group_id"])] = QuestionGroupEvent(event.room_id, **fields)
+            except Exception:  # noqa: BLE001 - a group is a view of the finals: it never holds them up
+                log.exception("question of utterance %s not grouped", event.utterance_id)
+        sent = await asyncio.gather(*(self.queue.publish_event(group) for group in grown.values()), return_exceptions=True)
+        for group, outcome in zip(grown.values(), sent):
+            if isinstance(outcome, UNREACHABLE):
+                log.warning("question group of room %s not sent: %s", group.room_id, outcome)
+            elif isinstance(outcome, BaseException):
+                log.error("question group of room %s not sent", group.room_id, exc_info=outcome)

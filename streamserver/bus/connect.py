@@ -18,6 +18,7 @@ what the replica had not yet received.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
@@ -175,18 +176,67 @@ class Replication:
             name, target = node.name, {"target_nodes": node}
         if time.monotonic() < self._alone_until.get(name, 0.0):
             return await script(keys=keys, args=args)
-        # EVAL, not EVALSHA: a replica just promoted has no script cache, and a cluster pipeline
-        # refuses EVALSHA.
+        return (await self._confirmed(script, [(keys, args)], name, target))[0]
+
+    async def run_many(self, script: AsyncScript, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list[Any]:
+        """Several calls of one script (keys, args), each of one slot: one round trip per primary,
+        its calls and one `WAIT 1` on one connection, the primaries side by side; a reply per
+        call, in order, or the exception that its primary's round trip raised (the others'
+        replies stand). Disabled (a single Redis): the calls in one pipeline."""
+        if not self.enabled:
+            return await self._pipelined(script, calls)
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        for i, (keys, _args) in enumerate(calls):
+            node: Any = None
+            name = "primary"
+            if isinstance(self.client, RedisCluster):
+                try:
+                    node = self.client.get_node_from_key(keys[0])
+                except SlotNotCoveredError:
+                    await self.client.initialize()
+                    node = self.client.get_node_from_key(keys[0])
+                name = node.name
+            by_node.setdefault(name, (node, []))[1].append(i)
+        replies: list[Any] = [None] * len(calls)
+
+        async def on(name: str, node: Any, indexes: list[int]) -> None:
+            try:
+                chosen = [calls[i] for i in indexes]
+                if time.monotonic() < self._alone_until.get(name, 0.0):
+                    got = await self._pipelined(script, chosen)
+                else:
+                    got = await self._confirmed(script, chosen, name, {"target_nodes": node} if node is not None else {})
+            except REDIS_FAILURES as error:
+                got = [error] * len(indexes)
+            for i, reply in zip(indexes, got):
+                replies[i] = reply
+
+        await asyncio.gather(*(on(name, node, indexes) for name, (node, indexes) in by_node.items()))
+        return replies
+
+    async def _pipelined(self, script: AsyncScript, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list[Any]:
+        if len(calls) == 1:
+            return [await script(keys=calls[0][0], args=calls[0][1])]
         pipe = self.client.pipeline(transaction=False)
-        pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
+        for keys, args in calls:  # EVAL: as _confirmed
+            pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
+        return list(await pipe.execute())
+
+    async def _confirmed(self, script: AsyncScript, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]], name: str,
+                         target: dict[str, Any]) -> list[Any]:
+        """The calls and a WAIT on one connection to one primary. EVAL, not EVALSHA: a replica just
+        promoted has no script cache, and a cluster pipeline refuses EVALSHA."""
+        pipe = self.client.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
         pipe.execute_command("WAIT", 1, WAIT_TIMEOUT_MS, **target)
-        reply, replicas = await pipe.execute()
+        *got, replicas = await pipe.execute()
         if int(replicas) < 1:
             info = await self.client.info("replication", **target)
             if int(info.get("connected_slaves", 0)) > 0:
                 raise ReplicaBehind(f"no replica of {name} confirmed a write within {WAIT_TIMEOUT_MS} ms")
             self._alone_until[name] = time.monotonic() + NO_REPLICA_RECHECK_S
-        return reply
+        return got
 
 
 async def check_credentials(url: str, ca_file: str | None = None) -> str | None:

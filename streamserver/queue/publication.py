@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from streamserver.bus.ordered import OrderedPublisher
+import asyncio
+
 from streamserver.events import TranscriptEvent, Utterance
 from streamserver.queue.base import UNREACHABLE, Entry, UtteranceQueue
 
@@ -198,3 +200,33 @@ async def finals_from_speculations(queue: UtteranceQueue, batch: list[Entry],
         else:
             rest.append(entry)
     return ready, rest, waiting
+
+
+Completion = tuple[str, Utterance, TranscriptEvent]  # (entry id, its utterance, its result)
+
+
+async def complete_in_lanes(queue: UtteranceQueue, done: list[Completion]) -> list[bool | None]:
+    """UtteranceQueue.complete_many through complete(): one lane a student, the lanes side by
+    side, each in the order given; a job whose completion fails is None, and so are its
+    student's later ones (never published in front of it)."""
+    out: list[bool | None] = [None] * len(done)
+    lanes: dict[tuple[str, str], list[int]] = {}
+    for i, (_entry_id, u, _event) in enumerate(done):
+        lanes.setdefault((u.room_id, u.student_id), []).append(i)
+
+    async def lane(indexes: list[int]) -> None:
+        for i in indexes:
+            try:
+                out[i] = await queue.complete(*done[i])
+            except UNREACHABLE:
+                return
+
+    await asyncio.gather(*(lane(indexes) for indexes in lanes.values()))
+    return out
+
+
+async def complete_all(queue: UtteranceQueue, done: list[Completion]) -> list[bool | None]:
+    """The queue's complete_many where it has one (a batch's completions in a few round trips),
+    else its complete() in lanes."""
+    many = getattr(queue, "complete_many", None)
+    return await (many(done) if many is not None else complete_in_lanes(queue, done))

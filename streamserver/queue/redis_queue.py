@@ -30,7 +30,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ResponseError
 
-from streamserver.bus.connect import Replication, is_cluster, redis_client, topology
+from streamserver.bus.connect import REDIS_FAILURES as UNREACHABLE_ERRORS, Replication, is_cluster, redis_client, topology
 from streamserver.bus.keys import (
     CLUSTER_SHARDS, HISTORY_FIELD, JOB_GROUP, SPECULATIVE_FIRST, TRANSCRIPT_RETENTION_S, KeyLayout, backlog_fields,
     is_final_transcript,
@@ -200,21 +200,37 @@ return 1
 # event, history length, group, entry id, done TTL, history field, the two backlog fields, is a
 # final, retention, span start, span end, recovered, source, place (_place), token
 # (publication.py: '' publishes here). 1: the first result; 2: the first, this caller's, written
-# already; 0: not the first.
-_COMPLETE = PUBLISH_ONCE_LUA + """
-local fresh = publish_once(KEYS[1], KEYS[2], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[6], ARGV[7], ARGV[10], ARGV[11],
-                           KEYS[6], ARGV[12], ARGV[13], ARGV[14], ARGV[17])
-redis.call('DEL', KEYS[7])
-redis.call('XACK', KEYS[3], ARGV[4], ARGV[5])
-if redis.call('XDEL', KEYS[3], ARGV[5]) == 1 then
-  for i = 8, 9 do
-    if redis.call('HINCRBY', KEYS[4], ARGV[i], -1) <= 0 then redis.call('HDEL', KEYS[4], ARGV[i]) end
+# already; 0: not the first. complete(k, a) reads the job's KEYS from k + 1 and its ARGV from a + 1.
+COMPLETE_KEYS, COMPLETE_ARGS = 9, 17
+_COMPLETE_FUNCTION = PUBLISH_ONCE_LUA + """
+local function complete(k, a)
+  local fresh = publish_once(KEYS[k + 1], KEYS[k + 2], KEYS[k + 5], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 6],
+                             ARGV[a + 7], ARGV[a + 10], ARGV[a + 11], KEYS[k + 6], ARGV[a + 12], ARGV[a + 13], ARGV[a + 14],
+                             ARGV[a + 17])
+  redis.call('DEL', KEYS[k + 7])
+  redis.call('XACK', KEYS[k + 3], ARGV[a + 4], ARGV[a + 5])
+  if redis.call('XDEL', KEYS[k + 3], ARGV[a + 5]) == 1 then
+    for i = 8, 9 do
+      if redis.call('HINCRBY', KEYS[k + 4], ARGV[a + i], -1) <= 0 then redis.call('HDEL', KEYS[k + 4], ARGV[a + i]) end
+    end
+    redis.call('LREM', KEYS[k + 8], 1, ARGV[a + 5] .. ' ' .. ARGV[a + 16])
+    if tonumber(redis.call('ZINCRBY', KEYS[k + 9], -1, ARGV[a + 15])) <= 0 then redis.call('ZREM', KEYS[k + 9], ARGV[a + 15]) end
   end
-  redis.call('LREM', KEYS[8], 1, ARGV[5] .. ' ' .. ARGV[16])
-  if tonumber(redis.call('ZINCRBY', KEYS[9], -1, ARGV[15])) <= 0 then redis.call('ZREM', KEYS[9], ARGV[15]) end
+  return fresh
 end
-return fresh
 """
+_COMPLETE = _COMPLETE_FUNCTION + "return complete(0, 0)\n"
+# A batch's completions on one shard in one call (every key of a shard is in its slot), in the
+# order given: the KEYS and ARGV of _COMPLETE, job after job; the replies, one a job. A worker's
+# batch is a call per shard instead of one per job: each call costs the worker's event loop about
+# as much as the job's whole completion in Redis (benchmarks/README.md, "A worker's own CPU").
+_COMPLETE_MANY = _COMPLETE_FUNCTION + """
+local out = {}
+for j = 0, #KEYS / COMPLETE_KEYS - 1 do
+  out[j + 1] = complete(j * COMPLETE_KEYS, j * COMPLETE_ARGS)
+end
+return out
+""".replace("COMPLETE_KEYS", str(COMPLETE_KEYS)).replace("COMPLETE_ARGS", str(COMPLETE_ARGS))
 
 # A result made outside the workers (an on-prem gateway's local fallback): published only if no
 # worker published this utterance first; its job, if queued, is then acknowledged by whichever
@@ -265,6 +281,7 @@ class RedisQueue:
         self.keys = KeyLayout(CLUSTER_SHARDS if kind == "cluster" else 1, prefix)
         self.replication = Replication(self.redis, enabled=kind != "single")
         self._complete = self.redis.register_script(_COMPLETE)
+        self._complete_many = self.redis.register_script(_COMPLETE_MANY)
         self._submit = self.redis.register_script(_SUBMIT)
         self._claim = self.redis.register_script(_CLAIM)
         self._offer = self.redis.register_script(_OFFER)
@@ -541,9 +558,20 @@ class RedisQueue:
 
     async def take_hints(self, count: int, partials: bool = True) -> list[Utterance]:
         packed: list[bytes] = []
+        shards = [(self._next_hint_shard + i) % self.keys.shards for i in range(self.keys.shards)]
+        if len(shards) > 1:
+            # Those holding hints, found in one pipeline: a worker asks before every batch, and a
+            # script call per shard, one after the other, held each batch a dozen round trips.
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for shard in shards:
+                    if partials:
+                        pipe.zcard(self.keys.hint_order(shard))
+                    else:
+                        pipe.zcount(self.keys.hint_order(shard), "-inf", "(0")
+                held = await pipe.execute()
+            shards = [shard for shard, n in zip(shards, held) if int(n) > 0]
         # Shards in turn from where the last call stopped, until `count` are taken.
-        for i in range(self.keys.shards):
-            shard = (self._next_hint_shard + i) % self.keys.shards
+        for shard in shards:
             packed += await self._take_hints(keys=[self.keys.hints(shard), self.keys.hint_order(shard)],
                                              args=[count - len(packed) // 2, int(partials), self.keys.done(shard, ""),
                                                    self.keys.hint_audio(shard, "")])
@@ -617,10 +645,9 @@ class RedisQueue:
 
     async def claim_orphans(self, count: int = 256) -> list[Entry]:
         assert self.worker
-        claimed: list[Entry] = []
-        for shard in range(self.keys.shards):
-            claimed += await self._claim_orphans(shard, count)
-        return claimed
+        # the shards side by side: one after the other, a cluster's 12 took two dozen round trips
+        found = await asyncio.gather(*(self._claim_orphans(shard, count) for shard in range(self.keys.shards)))
+        return [entry for entries in found for entry in entries]
 
     async def _claim_orphans(self, shard: int, count: int) -> list[Entry]:
         assert self.worker
@@ -674,6 +701,62 @@ class RedisQueue:
                 self.transcript_retention_s, *span_args(event), u.source, _place(u)]
         reply, token = await self._replicated(self._complete, keys, args, f"{self.worker}/{entry_id}")
         return await self._publish_after(u.room_id, event_json, reply, token)
+
+    async def complete_many(self, done: list[tuple[str, Utterance, TranscriptEvent]]) -> list[bool | None]:
+        """complete() of a batch's jobs: one script call per shard (its jobs in the order given,
+        so one student's in the order spoken), one round trip per primary, and on a replicated
+        Redis the fresh results published in one pipeline once their replicas confirm. A reply per
+        job: whether its result was the first, or None where its shard could not be reached
+        (nothing of it relied on: the caller completes it again, which publishes it once)."""
+        by_shard: dict[int, list[int]] = {}
+        calls: list[tuple[list[Any], list[Any]]] = []
+        for i, (entry_id, _u, _event) in enumerate(done):
+            by_shard.setdefault(self._stream_id(entry_id)[0], []).append(i)
+        jsons = [event.to_json() for _, _, event in done]
+        tokens = [f"{self.worker}/{entry_id}" if self.replication.enabled else "" for entry_id, _, _ in done]
+        shards = list(by_shard.items())
+        for shard, indexes in shards:
+            keys: list[Any] = []
+            args: list[Any] = []
+            for i in indexes:
+                entry_id, u, event = done[i]
+                _, stream_id = self._stream_id(entry_id)
+                keys += [self.keys.done(shard, u.utterance_id), self.keys.history(u.room_id), self.keys.jobs(shard),
+                         self.keys.backlog(shard), self.keys.transcript(u.room_id),
+                         self.keys.spoken(u.room_id, spoken_of(event.student_id, event.stream_clock)),
+                         self.keys.hint_audio(shard, u.utterance_id), self.keys.room_jobs(u.room_id), self.keys.shares(u.room_id)]
+                args += [self.keys.room_channel(u.room_id), jsons[i], self.history_len, JOB_GROUP, stream_id, int(DONE_TTL_S),
+                         HISTORY_FIELD, *backlog_fields(u.room_id, u.student_id), int(is_final_transcript(jsons[i])),
+                         self.transcript_retention_s, *span_args(event), u.source, _place(u), tokens[i]]
+            calls.append((keys, args))
+        out: list[bool | None] = [None] * len(done)
+        replies = await self.replication.run_many(self._complete_many, calls)
+        failure: BaseException | None = None
+        for (_shard, indexes), reply in zip(shards, replies):
+            if isinstance(reply, BaseException):
+                failure = reply
+                continue
+            for i, fresh in zip(indexes, reply):
+                out[i] = bool(fresh) if not tokens[i] else int(fresh) != 0 and tokens[i] not in self._published
+        if failure is not None:
+            log.warning("completions not written (%s): they are written again", failure)
+        publish = [i for i, fresh in enumerate(out) if fresh and tokens[i]]
+        if publish:  # on a replicated Redis: now that a replica holds the done keys (_publish_after)
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for i in publish:
+                        pipe.publish(self.keys.room_channel(done[i][1].room_id), jsons[i])
+                    await pipe.execute()
+            except UNREACHABLE_ERRORS as error:
+                log.warning("results not published (%s): they are published again", error)
+                for i in publish:
+                    out[i] = None  # written: completed again, the script answers 2 and they are published
+                return out
+            for i in publish:
+                self._published[tokens[i]] = None
+            while len(self._published) > ROOMS_REMEMBERED:
+                self._published.popitem(last=False)
+        return out
 
     async def attempt(self, entry_id: str) -> int:
         shard, _ = self._stream_id(entry_id)
