@@ -19,10 +19,10 @@ paraphrased questions in English and Mandarin and makes question_centre.npz
 
 The grouping stays this simple because what limits it is the vector: on the benchmark's
 development half a question is nearest its own group's centroid for only 84 % of the English
-ones even with the groups known, and average linkage, a threshold rising with group size,
-more directions removed, IDF-weighted content words and Mandarin character n-grams beside the
-vector, and merging near groups in a second pass all measure within the noise of this (benchmarks/README.md), so none is worth its cost
-per question.
+ones even with the groups known, and average linkage, a threshold rising with group size, more
+directions removed, IDF-weighted content words and Mandarin character n-grams beside the
+vector, and merging near groups in a second pass all measure within the noise of this
+(benchmarks/README.md), so none is worth its cost per question.
 """
 
 from __future__ import annotations
