@@ -745,7 +745,11 @@ class RedisQueue:
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for i in publish:
-                        pipe.publish(self.keys.room_channel(done[i][1].room_id), jsons[i])
+                        channel = self.keys.room_channel(done[i][1].room_id)
+                        if not is_cluster(self.redis):
+                            pipe.publish(channel, jsons[i])
+                        else:  # a cluster pipeline takes PUBLISH only addressed (any node carries it to all)
+                            pipe.execute_command("PUBLISH", channel, jsons[i], target_nodes=self.redis.get_node_from_key(channel))
                     await pipe.execute()
             except UNREACHABLE_ERRORS as error:
                 log.warning("results not published (%s): they are published again", error)
