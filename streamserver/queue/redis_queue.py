@@ -62,6 +62,7 @@ WORKER_CLIENT_PREFIX = "asr-worker:"  # the CLIENT SETNAME of every connection o
 HINT_AUDIO_TTL_S = 10
 HINT_AUDIO_REMEMBERED = 20_000  # utterances whose hint audio this gateway remembers sending
 FORGET_IDLE_MS = 10 * 60 * 1000  # a consumer with nothing pending, silent this long, is removed
+SHARD_BLOCK_MS = 1000  # how long a sharded queue's read of one stream blocks (under the sockets' 5 s timeout)
 ROOMS_REMEMBERED = 100_000  # utterances whose room (so shard) this process remembers (a sharded queue)
 
 # Queue a job unless its student, its room or the whole queue is at its bound (the backlog
@@ -299,6 +300,7 @@ class RedisQueue:
         self._readers: dict[int, asyncio.Task[list[Entry]]] = {}  # shard -> its stream's read in flight
         self._unread: list[Entry] = []  # read from the streams, not yet handed out
         self._next_hint_shard = 0
+        self._autoclaimed: dict[int, float] = {}  # shard -> when its stale jobs were last looked for (monotonic)
         self._published: OrderedDict[str, None] = OrderedDict()  # tokens of the results this process published
 
     async def close(self) -> None:
@@ -525,11 +527,14 @@ class RedisQueue:
     async def _read_shards(self, count: int, block_ms: int) -> None:
         """Every shard's stream is read by a task of its own, blocking there (XREADGROUP cannot
         read streams of several slots at once); what the first to answer read is handed out, and
-        a read still blocked on a quiet stream goes on into the next call."""
+        a read still blocked on a quiet stream goes on into the next call. Each blocks
+        SHARD_BLOCK_MS whatever the call's block_ms (this call waits that long for them): a
+        worker that looks for hints between reads calls every 20 ms, and a read per shard each
+        time was a dozen Redis calls every 20 ms of an idle worker."""
         for shard in range(self.keys.shards):
             if shard not in self._readers:
-                self._readers[shard] = asyncio.get_running_loop().create_task(self._read_shard(shard, count, block_ms))
-        await asyncio.wait(self._readers.values(), timeout=block_ms / 1000 + 1.0, return_when=asyncio.FIRST_COMPLETED)
+                self._readers[shard] = asyncio.get_running_loop().create_task(self._read_shard(shard, count, SHARD_BLOCK_MS))
+        await asyncio.wait(self._readers.values(), timeout=block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
         failure: BaseException | None = None
         for shard, task in list(self._readers.items()):
             if not task.done():
@@ -645,11 +650,13 @@ class RedisQueue:
 
     async def claim_orphans(self, count: int = 256) -> list[Entry]:
         assert self.worker
-        # the shards side by side: one after the other, a cluster's 12 took two dozen round trips
-        found = await asyncio.gather(*(self._claim_orphans(shard, count) for shard in range(self.keys.shards)))
+        # The shards side by side (one after the other, a cluster's 12 took two dozen round trips),
+        # each worker's heartbeat looked up once for all of them.
+        alive: dict[str, asyncio.Task[int]] = {}
+        found = await asyncio.gather(*(self._claim_orphans(shard, count, alive) for shard in range(self.keys.shards)))
         return [entry for entries in found for entry in entries]
 
-    async def _claim_orphans(self, shard: int, count: int) -> list[Entry]:
+    async def _claim_orphans(self, shard: int, count: int, alive: dict[str, asyncio.Task[int]]) -> list[Entry]:
         assert self.worker
         stream = self.keys.jobs(shard)
         claimed: list[tuple[bytes, dict]] = []
@@ -665,10 +672,15 @@ class RedisQueue:
             name = consumer["name"].decode() if isinstance(consumer["name"], bytes) else consumer["name"]
             if name == self.worker:
                 continue
+            if int(consumer["pending"]) == 0 and int(consumer.get("idle", 0)) < FORGET_IDLE_MS:
+                continue  # nothing to claim, not to be forgotten yet: whether it lives does not matter
             # Dead: its heartbeat expired, or its process is gone (no connection left).
             gone = connected is not None and worker_client_name(name) not in connected
-            if not gone and await self.redis.exists(self.keys.alive(name)):
-                continue
+            if not gone:
+                if name not in alive:
+                    alive[name] = asyncio.ensure_future(self.redis.exists(self.keys.alive(name)))
+                if await asyncio.shield(alive[name]):
+                    continue
             if int(consumer["pending"]) == 0:
                 # Forget a consumer only once it has been idle a long while: one that is just
                 # starting (or whose beat lapsed briefly) may be reading right now, and deleting
@@ -685,8 +697,12 @@ class RedisQueue:
                 claimed += [(eid, fields) for eid, fields in got if fields]
                 log.warning("claimed %d jobs of worker %s (%s)", len(got), name,
                             "its connections closed" if gone else "no heartbeat")
-        _next, stale, *_ = await self.redis.xautoclaim(stream, JOB_GROUP, self.worker, self.visibility_ms, "0-0", count=count)
-        claimed += [(eid, fields) for eid, fields in stale if fields]
+        # Jobs idle past the visibility timeout (a worker alive but stuck): looked for a tenth of
+        # the timeout apart, not at every call (a worker calls four times a second).
+        if time.monotonic() - self._autoclaimed.get(shard, -1e9) >= self.visibility_ms / 10_000:
+            self._autoclaimed[shard] = time.monotonic()
+            _next, stale, *_ = await self.redis.xautoclaim(stream, JOB_GROUP, self.worker, self.visibility_ms, "0-0", count=count)
+            claimed += [(eid, fields) for eid, fields in stale if fields]
         return await self._decode(shard, claimed)
 
     async def complete(self, entry_id: str, u: Utterance, event: TranscriptEvent) -> bool:
