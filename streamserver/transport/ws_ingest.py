@@ -29,7 +29,14 @@ from typing import Awaitable, Callable
 
 import av
 import numpy as np
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
+from aiohttp.helpers import DEFAULT_CHUNK_SIZE
+
+try:  # aiohttp's parser and its queue of messages (IngestSocket)
+    from aiohttp._websocket.reader import WebSocketDataQueue as _DataQueue, WebSocketReader as _Reader
+except ImportError:  # an aiohttp without them: its own socket serves
+    _DataQueue = object
+    _Reader = None
 
 from streamserver.audio.pacing import TooFast
 from streamserver.stages import PcmTaker
@@ -115,10 +122,90 @@ def _read_format(text: str) -> tuple[str, dict | None]:
     return message["format"], {**times, "clock": clock}
 
 
+class _DirectQueue(_DataQueue):  # type: ignore[misc, valid-type]
+    """aiohttp's queue of one socket's parsed messages, which hands an audio message straight to
+    the stream while the stream's task waits for the next message (`take`, set by that task).
+
+    Through the queue, every message costs a future, a wake of the stream's task and its trip
+    through aiohttp's receive(): most of a WebSocket student's cost at 60 ms messages. Taken
+    here, inside the socket's read, a message costs one call. The order stays the client's: a
+    message is taken only while nothing waits in the queue before it, and any other kind of
+    message (text, close, ping, an error) goes to the queue and stops the taking until the task
+    has handled it. `take` answers False for a message it leaves to the task (the stream was
+    replaced); what it raises is kept in `error` for the task, and its message queued to wake it."""
+
+    def __init__(self, protocol: object, limit: int, *, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(protocol, limit, loop=loop)
+        self.take: Callable[[bytes], bool] | None = None
+        self.error: Exception | None = None
+
+    def feed_data(self, data: WSMessage, size: int) -> None:  # called by aiohttp's reader, once a message is whole
+        take = self.take
+        if take is not None and data.type is WSMsgType.BINARY and not self._buffer:
+            try:
+                if take(data.data):
+                    return
+            except Exception as error:  # noqa: BLE001 - the stream's task raises it, as if it had read the message
+                self.error = error
+        self.take = None
+        super().feed_data(data, size)
+
+
+HEARTBEAT_FLUSH_S = 1.0  # how often a socket that received something pushes its next ping back
+
+
+class IngestSocket(web.WebSocketResponse):
+    """A student's audio socket: aiohttp's, with its parsed messages going through a _DirectQueue,
+    and its heartbeat (a ping after 20 s without a message) pushed back once a second by a timer
+    rather than by a callback scheduled for every read. Where aiohttp's internals are not the
+    ones this is written for (AIOHTTP_INTERNALS, tests/test_ws_ingest_direct.py), it is
+    aiohttp's socket unchanged."""
+
+    _beat: asyncio.TimerHandle | None = None
+
+    def _post_start(self, request: web.BaseRequest, protocol: str | None, writer: object) -> None:
+        http = request.protocol
+        # bytes after the upgrade request are parsed as it starts: the parser is then not
+        # swapped (a client waits for the upgrade's answer before it sends, so this is rare)
+        swap = _Reader is not None and getattr(http, "_message_tail", b"?") == b""
+        super()._post_start(request, protocol, writer)  # type: ignore[arg-type]
+        if not swap or getattr(http, "_payload_parser", None) is not self._parser:
+            return
+        try:
+            queue = _DirectQueue(http, DEFAULT_CHUNK_SIZE, loop=self._loop)
+            parser = _Reader(queue, self._max_msg_size, compress=bool(self._compress), decode_text=self._decode_text)
+        except (TypeError, AttributeError) as error:  # another aiohttp: its own socket serves
+            log.debug("ingest sockets read through aiohttp's queue: %s", error)
+            return
+        self._reader, self._parser = queue, parser
+        http._payload_parser = parser
+        if self._heartbeat is not None and http._data_received_cb == self._on_data_received:
+            http._data_received_cb = self._data_heard
+            self._beat = self._loop.call_later(HEARTBEAT_FLUSH_S, self._push_heartbeat)
+
+    def _data_heard(self) -> None:
+        """Called for every read: what aiohttp's own callback does, less its call_soon."""
+        self._need_heartbeat_reset = True
+
+    def _push_heartbeat(self) -> None:
+        if self._need_heartbeat_reset:  # aiohttp's ping timer waits for this (see _send_heartbeat)
+            self._flush_heartbeat_reset()
+        self._beat = self._loop.call_later(HEARTBEAT_FLUSH_S, self._push_heartbeat)
+
+    def _cancel_heartbeat(self) -> None:
+        super()._cancel_heartbeat()
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
+
+
 def new_socket() -> web.WebSocketResponse:
     """The stream's socket, made before the student is seated: the caller checks with
-    can_prepare() that the request is a WebSocket upgrade at all before taking a seat."""
-    return web.WebSocketResponse(heartbeat=20, max_msg_size=TRANSPORT_LIMIT_BYTES)
+    can_prepare() that the request is a WebSocket upgrade at all before taking a seat. It
+    declines permessage-deflate (which aiohttp clients ask for by default): audio barely
+    compresses, and inflating every message here and deflating it in the client cost both ends
+    more than the bytes saved (the digital zeros of silence) cost the network."""
+    return IngestSocket(heartbeat=20, max_msg_size=TRANSPORT_LIMIT_BYTES, compress=False)
 
 
 Keep = Callable[[dict], Awaitable[None]]
@@ -179,31 +266,66 @@ async def _listen(
 ) -> tuple[str, int] | None:
     """The client's messages until it closes (or the Ender interrupts this); the reason and code
     to close with if the stream turns out to be replaced."""
-    decoder: Pcm16Decoder | OpusDecoder = Pcm16Decoder()
+    audio = _Audio(stream, current)
+    queue = ws._reader if isinstance(ws._reader, _DirectQueue) else None
     first = True
-    async for message in ws:
-        if not current():
-            return "replaced by a newer connection of this student", CLOSE_REPLACED
-        if message.type == WSMsgType.BINARY:
-            if len(message.data) > MAX_MESSAGE_BYTES:
-                raise BadInput(f"message of {len(message.data)} bytes is over {MAX_MESSAGE_BYTES}", CLOSE_TOO_BIG)
-            try:
-                stream.push_pcm16(decoder.decode(message.data))
-            except TooFast as error:
-                raise BadInput(str(error), CLOSE_TOO_FAST) from None
-        elif message.type == WSMsgType.TEXT:
-            if not first:
-                raise BadInput("a format message must come before any audio", CLOSE_UNSUPPORTED)
-            fmt, times = _read_format(message.data)
-            if times is not None and keep is not None:
-                await keep(times)  # the audio waits meanwhile: it is fed knowing what it repeats
-            decoder = OpusDecoder() if fmt == "opus" else Pcm16Decoder()
-            await ws.send_json({"type": "format", "format": fmt, "sample_rate": 48000 if fmt == "opus" else RATE})
-        elif message.type == WSMsgType.ERROR:  # e.g. over the transport limit: aiohttp closes with 1009
-            log.info("ingest stream of %s: %s", who, ws.exception())
-            return None
-        first = False
-    return None
+    try:
+        while True:
+            if queue is not None and not first:  # audio is taken once the format is known
+                queue.take = audio.take
+            message = await ws.receive()
+            if queue is not None:
+                queue.take = None
+                if queue.error is not None:  # what taking this message raised
+                    error, queue.error = queue.error, None
+                    raise error
+            if message.type in _ENDS:
+                return None
+            if not current():
+                return "replaced by a newer connection of this student", CLOSE_REPLACED
+            if message.type == WSMsgType.BINARY:
+                audio.take(message.data)
+            elif message.type == WSMsgType.TEXT:
+                if not first:
+                    raise BadInput("a format message must come before any audio", CLOSE_UNSUPPORTED)
+                fmt, times = _read_format(message.data)
+                if times is not None and keep is not None:
+                    await keep(times)  # the audio waits meanwhile: it is fed knowing what it repeats
+                audio.decoder = OpusDecoder() if fmt == "opus" else Pcm16Decoder()
+                await ws.send_json({"type": "format", "format": fmt, "sample_rate": 48000 if fmt == "opus" else RATE})
+            elif message.type == WSMsgType.ERROR:  # e.g. over the transport limit: aiohttp closes with 1009
+                log.info("ingest stream of %s: %s", who, ws.exception())
+                return None
+            first = False
+    finally:
+        if queue is not None:  # whatever comes now waits unread, as it would in aiohttp's queue
+            queue.take = None
+
+
+_ENDS = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)  # where aiohttp's `async for` stops
+
+
+class _Audio:
+    """A stream's binary messages into its audio path: from its task, or from the socket's read
+    (_DirectQueue)."""
+
+    __slots__ = ("stream", "current", "decoder")
+
+    def __init__(self, stream: PcmTaker, current: Callable[[], bool]) -> None:
+        self.stream, self.current = stream, current
+        self.decoder: Pcm16Decoder | OpusDecoder = Pcm16Decoder()
+
+    def take(self, data: bytes) -> bool:
+        """Feed one message; False (nothing done) when the stream is no longer the student's."""
+        if not self.current():
+            return False
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise BadInput(f"message of {len(data)} bytes is over {MAX_MESSAGE_BYTES}", CLOSE_TOO_BIG)
+        try:
+            self.stream.push_pcm16(self.decoder.decode(data))
+        except TooFast as error:
+            raise BadInput(str(error), CLOSE_TOO_FAST) from None
+        return True
 
 
 class Ender:
