@@ -223,8 +223,8 @@ end
 _COMPLETE = _COMPLETE_FUNCTION + "return complete(0, 0)\n"
 # A batch's completions on one shard in one call (every key of a shard is in its slot), in the
 # order given: the KEYS and ARGV of _COMPLETE, job after job; the replies, one a job. A worker's
-# batch is a call per shard instead of one per job: each call costs the worker's event loop about
-# as much as the job's whole completion in Redis (benchmarks/README.md, "A worker's own CPU").
+# batch is then a call per shard and a round trip per primary instead of a script, a WAIT and a
+# PUBLISH per job (benchmarks/README.md, "A worker's own CPU: the cycle around the engine").
 _COMPLETE_MANY = _COMPLETE_FUNCTION + """
 local out = {}
 for j = 0, #KEYS / COMPLETE_KEYS - 1 do
