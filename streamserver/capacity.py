@@ -7,7 +7,10 @@ Three things fill up, each measured here:
 - recognition: the students connected on every gateway, each expected to send utterances at the
   larger of the measured rate and `expected_speaking` / the mean utterance length, against the
   workers' summed capacity (utterances/s each measures of itself); a class is planned at
-  PLANNED_LOAD of it, so that bursts of speech queue for a fraction of a second, not for many;
+  PLANNED_LOAD of the lowest capacity read over the last CAPACITY_WINDOW_S, so that bursts of
+  speech queue for a fraction of a second, not for many. A worker's measure moves with the
+  batches it happens to run (short utterances, cheap partials): planned on each reading, the
+  students told busy and trying again would be seated on its highs and overload it on its lows;
 - the queue's own signs (queue/sink.py busy): a bound reached, a long expected wait.
 Joins are planned ahead because students join before they speak: a queue that is still empty
 when a whole class joins says nothing about the load that class will bring a minute later.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -34,6 +38,7 @@ MIN_STUDENTS = 50  # the loop's cost per student is measured over at least this 
 UTTERANCE_S = 5.0  # mean utterance length until this gateway has measured its own
 SMOOTHING = 0.1  # of each beat's sample in the running means (about 10 s)
 REFUSED_LOG_S = 5.0  # a gateway that refuses says why at most this often
+CAPACITY_WINDOW_S = 30.0  # classes are planned on the workers' lowest capacity read over this long
 
 
 @dataclass
@@ -59,6 +64,8 @@ class Capacity:
         self._told = 0  # the students this gateway counted in its last beat (in fleet.students)
         self._joins = 0  # students connected since the last beat
         self._refused_logged = -1e9
+        self._capacities: deque[tuple[float, float]] = deque()  # (monotonic time, the fleet's capacity) of recent beats
+        self._workers_seen = 0
         self.stopped = False  # set before the task is cancelled (see run)
 
     async def run(self) -> None:
@@ -75,6 +82,7 @@ class Capacity:
                 students = self.students()
                 await self.sink.queue.gateway_beat(self.name, {"students": students, "utt_per_s": round(self._rate, 4)})
                 self.fleet, self._told = Load(*await self.sink.queue.fleet_load()), students
+                self._remember_capacity(self.fleet, time.monotonic())
             except UNREACHABLE as error:  # the queue's own check says so to a join
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -101,6 +109,21 @@ class Capacity:
         if new_finals:
             self.utterance_s += SMOOTHING * (new_audio / new_finals - self.utterance_s)
 
+    def _remember_capacity(self, fleet: Load, now: float) -> None:
+        """Keep the window's readings; a fleet that lost a worker forgets the higher ones at once
+        (the capacity it had is gone), one that gained a worker lets them age out."""
+        if self._capacities and fleet.capacity < self._capacities[-1][1] and fleet.workers < self._workers_seen:
+            self._capacities.clear()
+        self._workers_seen = fleet.workers
+        if fleet.workers and fleet.capacity > 0:  # none measured yet: the queue's own check answers
+            self._capacities.append((now, fleet.capacity))
+        while self._capacities and self._capacities[0][0] < now - CAPACITY_WINDOW_S:
+            self._capacities.popleft()
+
+    def planned_capacity(self) -> float:
+        """Utterances/s the workers are counted on for: the lowest recent reading."""
+        return min((c for _, c in self._capacities), default=self.fleet.capacity)
+
     def per_student(self) -> float:
         """Utterances/s a student is planned to send: the measured rate, never below the expected."""
         expected = self.expected_speaking / max(self.utterance_s, 0.5)
@@ -120,13 +143,14 @@ class Capacity:
         """Why the workers should be planned no more students, or None (no worker measured yet:
         the queue's own check answers)."""
         fleet = self.fleet
-        if fleet.workers == 0 or fleet.capacity <= 0:
+        capacity = self.planned_capacity()
+        if fleet.workers == 0 or capacity <= 0:
             return None
         students = max(0, fleet.students - self._told) + self.students() + adding
         planned = students * self.per_student()
-        if planned > PLANNED_LOAD * fleet.capacity:
+        if planned > PLANNED_LOAD * capacity:
             return (f"transcription is at its capacity: {students} students would send about {planned:.1f} "
-                    f"utterances/s; the workers take {fleet.capacity:.1f}")
+                    f"utterances/s; the workers take {capacity:.1f}")
         return None
 
     async def refuse(self, room_id: str | None, adding: int = 1) -> str | None:

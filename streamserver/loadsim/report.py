@@ -33,7 +33,8 @@ def build(settings: dict[str, Any], tally: Tally, timeline: list[dict], metrics_
         "never_queued": tally.never_queued(),  # clips sent the gateway never announced as utterances
         "clips_unsent": tally.clips_unsent,  # clips the simulator did not finish sending (> 0: it fell behind)
         "join_failures": tally.join_failures,
-        "busy_rejections": tally.busy_rejections,
+        "busy_rejections": tally.busy_rejections,  # busy answers to joins, retries included
+        "never_seated": tally.never_seated,  # students told busy on every try until the class ended
         "disconnects": tally.disconnects,
         # of them, closed by the students' own ICE: the server answered no consent check for ~30 s
         "ice_consent_expired": tally.ice_consent_expired,

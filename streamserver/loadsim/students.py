@@ -18,7 +18,7 @@ from streamserver.loadsim.config import LoadConfig
 from streamserver.loadsim.measure import Tally
 from streamserver.loadsim.scenario import Turn, load_clips, plan_turns, render
 from streamserver.loadsim.webrtc_student import PACKET_S, OpusPlanTrack, PacketClock, TimedTrack, encoded_clips, on_consent_expired
-from streamserver.loadsim.ws_student import Pacer, PlayHooks, WsStudent
+from streamserver.loadsim.ws_student import Pacer, PlayHooks, WsStudent, reconnect_wait
 
 # Silence before a WebRTC student's first clip: the packets client starts its plan when the
 # connection is up, and the server's side of DTLS may finish a round trip after ours; aiortc's
@@ -28,6 +28,7 @@ WEBRTC_LEAD_S = {"packets": 0.5, "encoder": 1.0}
 # simulator fell behind real time) keeps sending before it hangs up; what is left is counted
 # as clips_unsent.
 HANGUP_GRACE_S = 10.0
+LATE_JOIN_S = 5.0  # a student told busy stops trying when less of the class than this is left (about one utterance)
 PHASES = 4  # a packets student sends on one of 4 phases of each 20 ms (browsers are not in step)
 WEBRTC_CLIENTS = ("packets", "encoder")  # pre-encoded Opus packets; aiortc's MediaPlayer, encoding per student
 
@@ -88,22 +89,36 @@ class StudentPool:
         return room
 
     async def _student(self, session: aiohttp.ClientSession, index: int, joins: asyncio.Semaphore, tmp: Path) -> None:
+        """One student through the class. Told busy, it tries again after the server's
+        Retry-After, as the student page does (web_demo/student.js), until too little of the
+        class is left to join; any other refusal ends its class."""
         room = self._room_of(index)
         rng = random.Random(self.plan.seed * 1_000_003 + index)
-        try:
-            if self.plan.webrtc[index]:
-                await self._webrtc_student(session, index, room, joins, rng, tmp)
-            else:
-                await self._ws_student(session, index, room, joins, rng)
-        except JoinRefused as refused:
-            if refused.busy:
+        tries = 0
+        while True:
+            try:
+                if self.plan.webrtc[index]:
+                    await self._webrtc_student(session, index, room, joins, rng, tmp)
+                else:
+                    await self._ws_student(session, index, room, joins, rng)
+                return
+            except JoinRefused as refused:
+                if not refused.busy:
+                    self.tally.join_failures += 1
+                    self.tally.error("join", str(refused))
+                    return
                 self.tally.busy_rejections += 1
-            else:
+                wait = reconnect_wait(tries, refused.retry_after_s)
+                tries += 1
+                if self._remaining_s() - wait < LATE_JOIN_S:
+                    self.tally.never_seated += 1
+                    self.tally.error("join", str(refused))
+                    return
+                await asyncio.sleep(wait)
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
                 self.tally.join_failures += 1
-            self.tally.error("join", str(refused))
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
-            self.tally.join_failures += 1
-            self.tally.error("join", f"{type(error).__name__}: {error}")
+                self.tally.error("join", f"{type(error).__name__}: {error}")
+                return
 
     async def _ws_student(self, session: aiohttp.ClientSession, index: int, room: dict, joins: asyncio.Semaphore,
                           rng: random.Random) -> None:
