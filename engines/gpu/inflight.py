@@ -369,7 +369,9 @@ class InflightDecoder:
         host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in sources.items()}
         for k, v in sources.items():
             host[k].copy_(v, non_blocking=True)
-        event = torch.cuda.Event()
+        # A blocking event: the thread that waits on it sleeps until the GPU gets there, where a
+        # default one spins a core for the whole decode step (most of a GPU worker's CPU).
+        event = torch.cuda.Event(blocking=True)
         event.record()
         return _Flags(event, host, self.jobs[:n])
 

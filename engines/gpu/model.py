@@ -82,7 +82,7 @@ class GpuLogMel:
             buffer = torch.empty(max(total, 2 * buffer.numel()), pin_memory=True)
         np.concatenate(audios, out=buffer.numpy()[:total])
         flat = buffer[:total].to(self.device, non_blocking=True)
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(blocking=True)  # waited on by the host: sleep, do not spin
         event.record()
         self._staging[self._turn] = (buffer, event)
         self._turn = 1 - self._turn
