@@ -7,7 +7,7 @@
 #
 # On the device (python3 3.12 with torch/numpy/onnxruntime/aiohttp/matplotlib, no registry), the
 # packages it lacks come as the payload that benchmarks/scaleout_payload.sh builds here:
-# .stage6/1/chunk.1 ... .stage6/K/chunk.K, at most 40 MiB each (MODELS=base: with base), so one chunk per `run` call.
+# .stage6/1/chunk.1 ... .stage6/K/chunk.K, each small enough to travel with the working tree (scaleout_payload.sh sizes them) (MODELS=base: with base), so one chunk per `run` call.
 # Calls 1..K-1 (carry [".stage6/N"]):  mkdir -p /root/stage6 && cp .stage6/N/chunk.* /root/stage6/
 # Call K (carry [".stage6/K"]), within the machine's warm window (30 s) of the previous call:
 #     mkdir -p /root/stage6 && cp .stage6/K/chunk.* /root/stage6/ && bash benchmarks/scaleout_device.sh

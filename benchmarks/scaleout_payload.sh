@@ -7,8 +7,9 @@
 #     MODELS=base bash benchmarks/scaleout_payload.sh   # the same with base's weights (+133 MB)
 #
 # The payload is one gzip'd tar (gzip's CRC catches a missing or damaged chunk on the device),
-# cut into chunks of at most CHUNK_MB MiB (default 40): a device call carries at most 64 MiB,
-# the git working tree (~35 MB now) included, so each chunk travels in a call of its own.
+# cut into chunks of at most CHUNK_MB MiB: a device call carries at most 64 MiB, the git working
+# tree included, so each chunk travels in a call of its own. By default a chunk is what the
+# tracked tree leaves of the 64 MiB, less 4 MiB for untracked files (at least 4 MiB).
 # Inside the tar:
 #   wheels/  cp312 manylinux x86_64 wheels, pinned to the versions the tests pass with here:
 #            the gateway's and the simulator's imports (av, aiortc and its dependencies,
@@ -22,7 +23,11 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 PIP=${PIP:-.venv/bin/pip}
-CHUNK_MB=${CHUNK_MB:-40}
+if [ -z "${CHUNK_MB:-}" ]; then
+    tree_mb=$(( $(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}') / 1048576 + 1 ))
+    CHUNK_MB=$(( 64 - tree_mb - 4 ))
+    [ "$CHUNK_MB" -ge 4 ] || CHUNK_MB=4
+fi
 DEST=.stage6
 
 # Wheels the device lacks, at the versions of this project's .venv (pip list there).
