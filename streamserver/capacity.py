@@ -64,8 +64,7 @@ class Capacity:
         self._told = 0  # the students this gateway counted in its last beat (in fleet.students)
         self._joins = 0  # students connected since the last beat
         self._refused_logged = -1e9
-        self._capacities: deque[tuple[float, float]] = deque()  # (monotonic time, the fleet's capacity) of recent beats
-        self._workers_seen = 0
+        self._capacities: deque[tuple[float, float, int]] = deque()  # (monotonic time, capacity, workers) of recent beats
         self.stopped = False  # set before the task is cancelled (see run)
 
     async def run(self) -> None:
@@ -112,17 +111,16 @@ class Capacity:
     def _remember_capacity(self, fleet: Load, now: float) -> None:
         """Keep the window's readings; a fleet that lost a worker forgets the higher ones at once
         (the capacity it had is gone), one that gained a worker lets them age out."""
-        if self._capacities and fleet.capacity < self._capacities[-1][1] and fleet.workers < self._workers_seen:
+        if self._capacities and fleet.capacity < self._capacities[-1][1] and fleet.workers < self._capacities[-1][2]:
             self._capacities.clear()
-        self._workers_seen = fleet.workers
         if fleet.workers and fleet.capacity > 0:  # none measured yet: the queue's own check answers
-            self._capacities.append((now, fleet.capacity))
+            self._capacities.append((now, fleet.capacity, fleet.workers))
         while self._capacities and self._capacities[0][0] < now - CAPACITY_WINDOW_S:
             self._capacities.popleft()
 
     def planned_capacity(self) -> float:
         """Utterances/s the workers are counted on for: the lowest recent reading."""
-        return min((c for _, c in self._capacities), default=self.fleet.capacity)
+        return min((c for _, c, _ in self._capacities), default=self.fleet.capacity)
 
     def per_student(self) -> float:
         """Utterances/s a student is planned to send: the measured rate, never below the expected."""
