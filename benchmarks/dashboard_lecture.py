@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import heapq
 import json
 import random
@@ -261,6 +262,30 @@ def _heap(page, cdp) -> float:  # noqa: ANN001 - Playwright's page and CDPSessio
     return round(used / 1e6, 2)
 
 
+TRACE_CATEGORIES = ["devtools.timeline", "disabled-by-default-devtools.timeline", "v8.execute", "blink.user_timing"]
+
+
+def _start_trace(cdp) -> None:  # noqa: ANN001 - Playwright's CDPSession
+    cdp.send("Tracing.start", {"transferMode": "ReturnAsStream",
+                               "traceConfig": {"includedCategories": TRACE_CATEGORIES, "excludedCategories": ["*"]}})
+
+
+def _end_trace(page, cdp, path: Path) -> None:  # noqa: ANN001 - Playwright's page and CDPSession
+    """Stops the trace and writes it to path (read from the browser in 4 MB pieces)."""
+    complete: dict = {}
+    cdp.on("Tracing.tracingComplete", lambda event: complete.update(event))
+    cdp.send("Tracing.end")
+    while "stream" not in complete:
+        page.wait_for_timeout(100)  # the sync API delivers the event while it waits
+    with path.open("wb") as out:
+        while True:
+            piece = cdp.send("IO.read", {"handle": complete["stream"], "size": 4 << 20})
+            out.write(base64.b64decode(piece["data"]) if piece.get("base64Encoded") else piece["data"].encode())
+            if piece.get("eof"):
+                break
+    cdp.send("IO.close", {"handle": complete["stream"]})
+
+
 def _groups_shown(page) -> list[dict]:  # noqa: ANN001
     return page.eval_on_selector_all("#groups > li", """els => els.map(e => ({
       group_id: Number(e.dataset.groupId), count: Number(e.dataset.count),
@@ -278,9 +303,10 @@ def check_groups(shown: list[dict], groups: QuestionGroups, most_shown: int) -> 
 
 
 def measure(page_url: str, redis_url: str, lecture: Lecture, early_s: float, tmp: Path,  # noqa: C901 - one run's timeline
-            progress_s: float = 15.0, log=say, inspect=None) -> dict:  # noqa: ANN001
+            progress_s: float = 15.0, log=say, inspect=None, trace: Path | None = None) -> dict:  # noqa: ANN001
     """Plays `lecture` into the dashboard at page_url; the page's figures (and inspect(page)'s,
-    at the end)."""
+    at the end). trace: a Chrome performance trace of the page written there (chrome://tracing,
+    or the DevTools Performance panel's "load profile")."""
     from playwright.sync_api import sync_playwright
 
     from tests.test_browser import _launch
@@ -297,6 +323,8 @@ def measure(page_url: str, redis_url: str, lecture: Lecture, early_s: float, tmp
         page.locator("#feed-status", has_text="live").wait_for(timeout=15000)
         cdp = browser.new_cdp_session(page)
         heap_start = _heap(page, cdp)
+        if trace:
+            _start_trace(cdp)
         with ThreadPoolExecutor(1) as player:  # Playwright's sync API holds this thread's event loop
             done = player.submit(asyncio.run, replay(redis_url, lecture, sent))
             heap_early = None
@@ -316,6 +344,8 @@ def measure(page_url: str, redis_url: str, lecture: Lecture, early_s: float, tmp
                         f"page counted {state['counted']}, {state['nodes']} DOM nodes, longest task {state['long']['max']:.0f} ms; "
                         f"{state['students']}")
             done.result()
+        if trace:
+            _end_trace(page, cdp, trace)
         finals = sent.by_type.get("transcript", 0)
         deadline = time.time() + 60
         while (state := _page_state(page))["counted"] < finals and time.time() < deadline:
@@ -345,7 +375,8 @@ def verdict(figures: dict, lecture: Lecture, groups_shown_most: int) -> dict:
     }
 
 
-def run(minutes: float, students: int, early_s: float, redis_url: str | None = None, log=say) -> dict:  # noqa: ANN001
+def run(minutes: float, students: int, early_s: float, redis_url: str | None = None, log=say,  # noqa: ANN001
+        trace: Path | None = None) -> dict:
     """One lecture against a fresh `serve` (and a fresh redis-server unless redis_url)."""
     from tests.redis_server import RedisServer
     from tests.server_process import ServerProcess
@@ -359,7 +390,7 @@ def run(minutes: float, students: int, early_s: float, redis_url: str | None = N
             room = _make_room(server, "Lecture")
             lecture = Lecture(room["room_id"], students, minutes * 60, vectors)
             log(f"{students} students, {minutes} min of class; the dashboard at {server.url}")
-            figures = measure(room["teacher_url"], url, lecture, early_s, Path(tmp), log=log)
+            figures = measure(room["teacher_url"], url, lecture, early_s, Path(tmp), log=log, trace=trace)
     finally:
         if redis is not None:
             redis.stop()
@@ -374,10 +405,11 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="class time (default %(default)s)")
     parser.add_argument("--students", type=int, default=10_000)
     parser.add_argument("--early-s", type=float, default=60.0, help="the heap's first mark, class seconds (default %(default)s)")
+    parser.add_argument("--trace", type=Path, help="write the page's Chrome performance trace here (large: ~10 MB a minute)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="runs appended here (default %(default)s)")
     args = parser.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    report = run(args.minutes, args.students, args.early_s)
+    report = run(args.minutes, args.students, args.early_s, trace=args.trace)
     checks = report["checks"]
     run_record = {"when": started, "args": {"minutes": args.minutes, "students": args.students, "early_s": args.early_s}, **report}
     runs = json.loads(args.out.read_text()) if args.out.exists() else []

@@ -8,8 +8,13 @@ const NEAR_BOTTOM_PX = 48; // "at the bottom" tolerance for auto-scroll
 // transcript is the export), and the student list shows who is speaking, or who matches the
 // search, once the room is this large; the counts say the rest.
 const FEED_ROWS_KEPT = 400;
+const FEED_ROWS_LECTURE = 100; // two hundred finals a second: the newest half second is plenty
+const FEED_ROWS_READING = 1200;
 const QUEUE_ROWS_KEPT = 200; // the newest questions; a lecture's are read as groups
 const LARGE_ROOM = 200;
+const ROSTER_ROWS = 100; // a lecture's list: who speaks or matches, the first this many by name
+// A lecture's hundreds of speakers: live captions of this many at once (their finals all come).
+const CAPTION_ROWS = 50;
 // A lecture's question groups: the newest shown, as many kept as the server keeps
 // (intent/groups.py MAX_GROUPS).
 const GROUPS_SHOWN = 30;
@@ -63,8 +68,8 @@ const transcripts = new Set(); // utterance_ids shown: a history replay must not
 const partials = new Map();    // utterance_id -> its live caption's element, until its final comes
 const captionsEnded = new Set(); // utterance_ids the queue refused: a caption of theirs still in flight is not shown
 const PARTIAL_GONE_MS = 15000; // a caption not updated or finalised this long is dropped (its speech was given up)
-const students = new Map();    // student_id -> <li>
-const byName = [];             // the <li>s in alphabetical order (binary search: joins of a lecture)
+const students = new Map();    // student_id -> its record (drawn as a row while listed)
+const byName = [];             // the records in alphabetical order (binary search: joins of a lecture)
 let online = 0;                // students present, kept as they come and go (never recounted)
 let speakingNow = 0;
 let search = '';               // the student search, lower case
@@ -102,7 +107,13 @@ function el(tag, className, text) {
 
 // --- students ----------------------------------------------------------------------------
 
+// The class is kept as records ({ id, name, key, present, speaking, li }); the list shows rows
+// for some of them, drawn at most once a frame. A lecture's ten thousand students are no ten
+// thousand elements: the list holds who is speaking, or who matches the search, at most
+// ROSTER_ROWS of them, and says how many more there are.
 const byNameOrder = new Intl.Collator();
+const rosterMore = $('students-more');
+let rosterDrawn = true; // false: a frame will draw the list
 
 // Where a name goes in byName: after every name that sorts before or equal to it.
 function placeOf(name) {
@@ -110,63 +121,111 @@ function placeOf(name) {
   let high = byName.length;
   while (low < high) {
     const mid = (low + high) >> 1;
-    if (byNameOrder.compare(byName[mid].dataset.studentName, name) <= 0) low = mid + 1;
+    if (byNameOrder.compare(byName[mid].name, name) <= 0) low = mid + 1;
     else high = mid;
   }
   return low;
 }
 
 function upsertStudent(id, name) {
-  let li = students.get(id);
-  name = name || li?.dataset.studentName || id;
-  if (!li) {
-    li = el('li', 'student');
-    li.dataset.studentId = id;
-    li.append(el('span', 'dot'), el('span', 'student-name'), el('span', 'student-state'));
-    students.set(id, li);
-    if (students.size === LARGE_ROOM + 1) applySearch(); // a lecture now: the list shows who speaks
+  let student = students.get(id);
+  name = name || student?.name || id;
+  if (!student) {
+    student = { id, name: undefined, key: '', present: false, speaking: false, li: null };
+    students.set(id, student);
   }
-  if (li.dataset.studentName !== name) {
-    if (li.dataset.studentName !== undefined) byName.splice(byName.indexOf(li), 1); // renamed: moves
-    li.dataset.studentName = name;
-    li.querySelector('.student-name').textContent = name;
-    const at = placeOf(name);
-    byName.splice(at, 0, li);
-    studentList.insertBefore(li, byName[at + 1] ?? null);
-    showOrHide(li);
+  if (student.name !== name) {
+    if (student.name !== undefined) byName.splice(byName.indexOf(student), 1); // renamed: moves
+    student.name = name;
+    student.key = name.toLowerCase();
+    byName.splice(placeOf(name), 0, student);
+    student.li?.remove(); // drawn again in its new place
+    student.li = null;
+    redrawRoster();
   }
-  return li;
+  return student;
 }
 
-// A large room lists who is speaking (and who matches the search); a small one lists everyone.
-function showOrHide(li) {
-  const named = search ? li.dataset.studentName.toLowerCase().includes(search) : true;
-  li.hidden = !(named && (search || students.size <= LARGE_ROOM || li.classList.contains('speaking')));
+const isLecture = () => students.size > LARGE_ROOM;
+const feedRows = () => (isLecture() ? FEED_ROWS_LECTURE : FEED_ROWS_KEPT);
+
+// A lecture lists who is speaking (and, while the teacher searches, who matches); a small room
+// lists everyone who came.
+function isListed(student, lecture) {
+  if (search) return student.key.includes(search);
+  return !lecture || student.speaking;
 }
 
 function applySearch() {
   search = $('student-search').value.trim().toLowerCase();
-  for (const li of byName) showOrHide(li);
+  drawRoster(); // now: the teacher is typing
 }
 
-// present: in the room; speaking: voice detected right now. The state text is for screen readers
-// and for anyone who cannot tell the indicator colours apart.
-function setStudentState(li, { present, speaking }) {
-  const wasPresent = li.dataset.present === '1';
-  const wasSpeaking = li.classList.contains('speaking');
+// present: in the room; speaking: voice detected right now.
+function setStudentState(student, { present, speaking }) {
   speaking = present && speaking;
-  li.dataset.present = present ? '1' : '0';
-  online += (present ? 1 : 0) - (wasPresent ? 1 : 0);
-  speakingNow += (speaking ? 1 : 0) - (wasSpeaking ? 1 : 0);
-  li.classList.toggle('left', !present);
-  li.classList.toggle('speaking', speaking);
-  li.querySelector('.student-state').textContent = !present ? 'left' : speaking ? 'speaking' : '';
-  if (students.size > LARGE_ROOM) showOrHide(li);
-  updateCount();
+  if (student.present === present && student.speaking === speaking) return;
+  online += (present ? 1 : 0) - (student.present ? 1 : 0);
+  speakingNow += (speaking ? 1 : 0) - (student.speaking ? 1 : 0);
+  student.present = present;
+  student.speaking = speaking;
+  if (student.li) paintStudent(student);
+  redrawRoster();
 }
 
-function updateCount() {
-  studentCount.textContent = students.size > LARGE_ROOM ? `${online} online · ${speakingNow} speaking` : `${online} online`;
+// The state text is for screen readers and for anyone who cannot tell the indicator colours apart.
+function paintStudent(student) {
+  const li = student.li;
+  li.classList.toggle('left', !student.present);
+  li.classList.toggle('speaking', student.speaking);
+  li.querySelector('.student-state').textContent = !student.present ? 'left' : student.speaking ? 'speaking' : '';
+}
+
+function studentItem(student) {
+  const li = el('li', 'student');
+  li.dataset.studentId = student.id;
+  li.append(el('span', 'dot'), el('span', 'student-name', student.name), el('span', 'student-state'));
+  student.li = li;
+  paintStudent(student);
+  return li;
+}
+
+function redrawRoster() {
+  if (rosterDrawn) {
+    rosterDrawn = false;
+    requestAnimationFrame(drawRoster);
+  }
+}
+
+// The list's rows follow the records with as few changes as they need: rows no longer listed
+// leave, the others stay where they are, new ones go in their place by name.
+function drawRoster() {
+  rosterDrawn = true;
+  const lecture = isLecture();
+  studentList.classList.toggle('lecture', lecture);
+  studentList.dataset.empty = search ? 'Nobody by that name' : lecture ? 'Nobody is speaking' : 'No students yet';
+  const rows = [];
+  let more = 0;
+  for (const student of byName) {
+    if (!isListed(student, lecture)) continue;
+    if (!lecture || rows.length < ROSTER_ROWS) rows.push(student);
+    else more++;
+  }
+  const listed = new Set(rows);
+  for (const li of [...studentList.children]) {
+    const student = students.get(li.dataset.studentId);
+    if (student && listed.has(student)) continue;
+    li.remove();
+    if (student) student.li = null;
+  }
+  let next = studentList.firstElementChild;
+  for (const student of rows) {
+    if (student.li && student.li === next) next = next.nextElementSibling;
+    else studentList.insertBefore(student.li ?? studentItem(student), next);
+  }
+  rosterMore.hidden = more === 0;
+  rosterMore.textContent = `and ${more} more ${search ? 'found: type more of the name' : 'speaking'}`;
+  studentCount.textContent = lecture ? `${online} online · ${speakingNow} speaking` : `${online} online`;
 }
 
 // The roster is the truth after a (re)connect: anyone not in it has left meanwhile.
@@ -176,16 +235,15 @@ function applyRoster(roster) {
     present.add(s.student_id);
     setStudentState(upsertStudent(s.student_id, s.student_name), { present: true, speaking: !!s.speaking });
   }
-  for (const [id, li] of students) {
-    if (!present.has(id)) setStudentState(li, { present: false, speaking: false });
+  for (const [id, student] of students) {
+    if (!present.has(id)) setStudentState(student, { present: false, speaking: false });
   }
-  updateCount();
 }
 
 function applyStudentEvent(ev) {
-  const li = upsertStudent(ev.student_id, ev.student_name);
+  const student = upsertStudent(ev.student_id, ev.student_name);
   const speaking = ev.type === 'speaking_started';
-  setStudentState(li, { present: ev.type !== 'student_left', speaking });
+  setStudentState(student, { present: ev.type !== 'student_left', speaking });
 }
 
 // --- transcripts -------------------------------------------------------------------------
@@ -266,6 +324,7 @@ function showPartial(ev) {
     grew.captions = true;
     return;
   }
+  if (partials.size >= CAPTION_ROWS) return; // a later revision shows once a row is free
   const item = renderTranscript(ev, { label: null, score: null });
   item.classList.add('partial');
   item.dataset.revision = ev.revision;
@@ -300,11 +359,17 @@ function spokenTs(ev) {
   return Number.isFinite(ts) ? ts : Infinity;
 }
 
+// A row said before every row of a full list that follows its newest rows: the next trim would
+// take it at once (a lecture's finals come 200 a second), so it is not made at all.
+function wouldBeTrimmed(list, rows, most, ts) {
+  return rows >= most && (list !== feed || following.feed) && ts < list.firstElementChild.spokenAt;
+}
+
 // Inserts item into list by spokenTs: usually at the end.
 function insertInOrder(list, item, ts) {
+  item.spokenAt = ts; // read back by later insertions: a property, not the attribute parsed again
   let before = null;
-  for (let node = list.lastElementChild; node && Number(node.dataset.spokenTs) > ts;
-    node = node.previousElementSibling) before = node;
+  for (let node = list.lastElementChild; node && node.spokenAt > ts; node = node.previousElementSibling) before = node;
   list.insertBefore(item, before);
 }
 
@@ -316,17 +381,24 @@ function isNearBottomOf(list) {
 
 function countLabel(label) {
   const key = label ?? UNSURE;
-  const n = (counts.get(key) || 0) + 1;
-  counts.set(key, n);
-  let chip = [...labelCounts.children].find((node) => node.dataset.label === key);
-  if (!chip) { // a label this page does not know yet
-    chip = el('li', `label-count ${labelClass(key)}`);
-    chip.dataset.label = key;
-    chip.append(el('span', 'label-name', labelText(key)), ' ', el('span', 'n'));
-    labelCounts.append(chip);
+  counts.set(key, (counts.get(key) || 0) + 1);
+  grew.counts = true;
+}
+
+// The chips show the counts as a batch left them (a lecture's finals: 200 a second).
+function drawCounts() {
+  for (const [key, n] of counts) {
+    let chip = [...labelCounts.children].find((node) => node.dataset.label === key);
+    if (!chip) { // a label this page does not know yet
+      chip = el('li', `label-count ${labelClass(key)}`);
+      chip.dataset.label = key;
+      chip.append(el('span', 'label-name', labelText(key)), ' ', el('span', 'n'));
+      labelCounts.append(chip);
+    }
+    if (chip.dataset.count === String(n)) continue;
+    chip.dataset.count = n;
+    chip.querySelector('.n').textContent = String(n);
   }
-  chip.dataset.count = n;
-  chip.querySelector('.n').textContent = String(n);
 }
 
 // --- questions & help queue --------------------------------------------------------------
@@ -348,6 +420,7 @@ function saveCleared() {
 
 function enqueue(ev, intent) {
   if (!QUEUE_LABELS.has(intent.label) || cleared.has(ev.utterance_id) || queued.has(ev.utterance_id)) return false;
+  if (wouldBeTrimmed(queue, queued.size, QUEUE_ROWS_KEPT, spokenTs(ev))) return false;
   const item = el('li', 'queue-item');
   item.dataset.utteranceId = ev.utterance_id;
   item.dataset.label = intent.label;
@@ -398,12 +471,27 @@ clearAllButton.addEventListener('click', () => {
   queue.focus(); // the button just became disabled
 });
 
-function isNearBottom() {
-  return isNearBottomOf(feed);
+// Whether the feed and the queue follow their newest rows: yes until the teacher scrolls up to
+// read, again once they are back at the bottom. Kept from the lists' scroll events, so that a batch
+// of events never has to measure the page (a layout of its own) before it changes it.
+const following = { feed: true, queue: true };
+const placedAt = { feed: 0, queue: 0 }; // where the page last scrolled each list to
+
+function noteScroll(name, list) {
+  if (list.scrollTop < placedAt[name] - 2) following[name] = isNearBottomOf(list); // moved up: reading?
+  else if (!following[name] && isNearBottomOf(list)) following[name] = true;
+  if (name === 'feed' && following.feed) jumpButton.hidden = true;
+}
+
+function placeAtBottom(name, list) {
+  list.scrollTop = list.scrollHeight;
+  placedAt[name] = list.scrollTop;
 }
 
 function scrollToBottom() {
-  feed.scrollTop = feed.scrollHeight;
+  following.feed = true;
+  trimFeed();
+  placeAtBottom('feed', feed);
   jumpButton.hidden = true;
 }
 
@@ -414,40 +502,56 @@ function addTranscripts(events) {
     if (!ev || ev.type !== 'transcript' || !ev.utterance_id || transcripts.has(ev.utterance_id)) continue;
     remember(transcripts, ev.utterance_id);
     const intent = intentOf(ev);
-    const item = renderTranscript(ev, intent);
     const partial = partials.get(ev.utterance_id);
     if (partial) { // the final takes the caption's place
+      const item = renderTranscript(ev, intent);
       partials.delete(ev.utterance_id);
+      item.spokenAt = partial.spokenAt;
       partial.replaceWith(item);
-    } else {
-      insertInOrder(feed, item, spokenTs(ev));
+      grew.feed = true;
+    } else if (!wouldBeTrimmed(feed, feed.children.length, feedRows(), spokenTs(ev))) {
+      insertInOrder(feed, renderTranscript(ev, intent), spokenTs(ev));
+      grew.feed = true;
     }
     countLabel(intent.label);
     if (enqueue(ev, intent)) grew.queue = true;
-    grew.feed = true;
   }
 }
 
-// What a batch of events added: the feed and the queue follow their newest item unless the
-// teacher has scrolled up to read (where they were as the batch began: `follow`).
-const grew = { feed: false, captions: false, queue: false };
+// What batches of events added: the feed and the queue follow their newest item unless the
+// teacher has scrolled up to read. Settled at the next frame, where the page is laid out anyway.
+const grew = { feed: false, captions: false, queue: false, counts: false };
+let settling = false;
 
-function settle(follow) {
+function settleLater() {
+  if (!settling && (grew.feed || grew.captions || grew.queue || grew.counts)) {
+    settling = true;
+    requestAnimationFrame(settle);
+  }
+}
+
+function settle() {
+  settling = false;
+  if (grew.counts) drawCounts();
   if (grew.queue) {
     trimQueue();
     updateQueueCount();
-    if (follow.queue) queue.scrollTop = queue.scrollHeight;
+    if (following.queue) placeAtBottom('queue', queue);
   }
-  if (grew.feed && follow.feed) trimFeed();
-  if ((grew.feed || grew.captions) && follow.feed) scrollToBottom();
-  else if (grew.feed) jumpButton.hidden = false;
-  grew.feed = grew.captions = grew.queue = false;
+  if (grew.feed || grew.captions) {
+    trimFeed();
+    if (following.feed) placeAtBottom('feed', feed);
+    else if (grew.feed) jumpButton.hidden = false;
+  }
+  grew.feed = grew.captions = grew.queue = grew.counts = false;
 }
 
-// The oldest rows leave the page once the feed holds FEED_ROWS_KEPT (never a live caption, and
-// never while the teacher reads further up: they go when the feed follows again).
+// The oldest rows leave the page once the feed holds FEED_ROWS_KEPT (never a live caption). While
+// the teacher reads further up, it keeps up to FEED_ROWS_READING (a lecture adds hundreds a
+// second meanwhile); the rest go when it follows again.
 function trimFeed() {
-  for (let extra = feed.children.length - FEED_ROWS_KEPT; extra > 0; extra--) {
+  const most = following.feed ? feedRows() : FEED_ROWS_READING;
+  for (let extra = feed.children.length - most; extra > 0; extra--) {
     const oldest = feed.firstElementChild;
     if (!oldest || oldest.classList.contains('partial')) break;
     oldest.remove();
@@ -514,13 +618,24 @@ function drawGroups() {
     .sort((a, b) => (b.last_at - a.last_at) || String(a.group_id).localeCompare(String(b.group_id)))
     .slice(0, GROUPS_SHOWN);
   const shown = new Set(newest.map((g) => g.group_id));
-  for (const id of groupItems.keys()) if (!shown.has(id)) groupItems.delete(id);
-  $('groups').replaceChildren(...newest.map(groupItem));
+  const list = $('groups');
+  for (const [id, li] of groupItems) {
+    if (shown.has(id)) continue;
+    li.remove();
+    groupItems.delete(id);
+  }
+  // In their new order with as few moves as it takes: a group that grew goes to the top, the
+  // others keep their rows.
+  let next = list.firstElementChild;
+  for (const g of newest) {
+    const li = groupItem(g);
+    if (li === next) next = next.nextElementSibling;
+    else list.insertBefore(li, next);
+  }
   $('group-total').textContent = `${groups.size} ${groups.size === 1 ? 'group' : 'groups'}`;
   if ($('groups-box').hidden) { // the queue below gets shorter: it keeps following if it did
-    const follows = isNearBottomOf(queue);
     $('groups-box').hidden = false;
-    if (follows) queue.scrollTop = queue.scrollHeight;
+    if (following.queue) placeAtBottom('queue', queue);
   }
 }
 
@@ -546,7 +661,8 @@ function groupItem(g) {
 }
 
 jumpButton.addEventListener('click', scrollToBottom);
-feed.addEventListener('scroll', () => { if (isNearBottom()) jumpButton.hidden = true; });
+feed.addEventListener('scroll', () => noteScroll('feed', feed));
+queue.addEventListener('scroll', () => noteScroll('queue', queue));
 
 // --- the feed socket ---------------------------------------------------------------------
 
@@ -587,7 +703,7 @@ function endCaption(ev) {
 // Speech the server could not take (its recognition queue was full for the student, the room or
 // everyone): a line in the feed where it was said, so that the teacher knows words are missing.
 function showDropped(ev) {
-  const name = partials.get(ev.utterance_id)?.dataset.studentName ?? students.get(ev.student_id)?.dataset.studentName ?? 'A student';
+  const name = partials.get(ev.utterance_id)?.dataset.studentName ?? students.get(ev.student_id)?.name ?? 'A student';
   const item = el('li', 'dropped');
   item.dataset.utteranceId = ev.utterance_id;
   item.dataset.spokenTs = spokenTs(ev);
@@ -639,8 +755,10 @@ function handle(msg) {
 
 // A lecture sends a thousand or more events a second, each its own message: they are handled
 // in batches, at most every BATCH_MS, so that the page lays out and scrolls once per batch rather
-// than once per event.
+// than once per event. A burst (a class that ends: every speaker's final at once) is handled in
+// slices of SLICE_MS, so that the page still answers and draws in between.
 const BATCH_MS = 100;
+const SLICE_MS = 30;
 let pending = [];
 let flushing = false;
 
@@ -652,12 +770,13 @@ function receive(msg) {
 }
 
 function flush() {
-  flushing = false;
-  const batch = pending;
-  pending = [];
-  const follow = { feed: isNearBottom(), queue: isNearBottomOf(queue) };
-  for (const msg of batch) handle(msg);
-  settle(follow);
+  const started = performance.now();
+  let done = 0;
+  while (done < pending.length && performance.now() - started < SLICE_MS) handle(pending[done++]);
+  pending = done === pending.length ? [] : pending.slice(done);
+  settleLater();
+  if (pending.length) setTimeout(flush, 0);
+  else flushing = false;
 }
 
 function feedUrl(scheme) {
@@ -681,7 +800,7 @@ function connect() {
   ws.addEventListener('close', () => {
     if (socket !== ws) return;
     // Students' speaking state is unknown while offline; the next roster sets it again.
-    for (const li of students.values()) li.classList.remove('speaking');
+    for (const student of students.values()) setStudentState(student, { present: student.present, speaking: false });
     if (opened) reconnectLater(); else explainRefusal();
   });
 }
