@@ -31,10 +31,12 @@ from streamserver.rooms.acks import Acks
 from streamserver.rooms.admission import Admission, AddressLimits
 from streamserver.rooms.connections import Connection, Connections, End, Tell
 from streamserver.rooms.directory import RoomDirectory
+from streamserver.rooms.feed import DashboardFeed
 from streamserver.rooms.parking import Parking
 from streamserver.rooms.registry import Room, RoomRegistry
 from streamserver.rooms.seats import SeatKeeper
 from streamserver.rooms.upkeep import RoomUpkeep
+from streamserver.tasks import Tasks
 from streamserver.transport import webrtc
 from streamserver.transport.candidates import CandidatePolicy
 from streamserver.transport.ws_ingest import CLOSE_REPLACED
@@ -71,7 +73,7 @@ class Classroom:
                                         partial_interval_ms=settings.partial_interval_ms if settings.partials != "off" else 0)
         webrtc.use_host_addresses(settings.ice_hosts)
         self.candidates = CandidatePolicy.of(settings.ice_allow, settings.ice_hosts)
-        self._tasks: set[asyncio.Task] = set()
+        self.tasks = Tasks()  # what runs beside the streams (and the app's own: api/app.py)
 
     async def start(self) -> None:
         for part in self.background:
@@ -79,20 +81,13 @@ class Classroom:
         self.sink.start()
         self.seats.start()
         for work in (self.sink.watch_depth(), self.upkeep.run(), self.loop_lag.run(),
-                     Acks(self.connections, self.sink).run(), self.capacity.run(), give_back_freed_memory(self._load)):
-            self.spawn(work)
-
-    async def _load(self) -> int:
-        """What holds memory here: the streams, and the utterances waiting for recognition."""
-        try:
-            return len(self.connections) + await self.sink.depth()
-        except UNREACHABLE:  # the queue is away: the streams alone
-            return len(self.connections)
+                     Acks(self.connections, self.sink).run(), self.capacity.run(),
+                     give_back_freed_memory(lambda: _held(self.connections, self.sink))):
+            self.tasks.spawn(work)
 
     async def stop(self) -> None:
         self.capacity.stopped = True
-        for task in list(self._tasks):
-            task.cancel()
+        self.tasks.cancel()
         for connection in list(self.connections.values()):
             await connection.end("the server is shutting down", 1001)
         await self.seats.stop()
@@ -101,18 +96,20 @@ class Classroom:
         await self.sink.stop()
         await self.bus.close()
 
-    def spawn(self, work) -> None:  # noqa: ANN001 - a coroutine: the task is held (the loop keeps a weak reference)
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def feed(self, room_id: str) -> DashboardFeed:
+        """A dashboard's feed of the room (rooms/feed.py), counted while open (rooms/upkeep.py)."""
+        return DashboardFeed(room_id, self.bus, self.local, self.upkeep.feeds, self.sink.fallback is not None)
+
+    @property
+    def transcripts(self) -> str | None:
+        """On a gateway with a fallback model: where its transcripts come from now."""
+        return None if self.sink.fallback is None else "central" if self.local.central else "local fallback"
 
     async def open_stream(self, room: Room, student_id: str, name: str, address: str, end: End,
                           limits: AddressLimits = AddressLimits(), tell: Tell | None = None,
                           catch_up: bool = False, resumed: bool = False, source: str = "") -> StudentAudio:
-        """A student's audio over a transport the caller owns (WebSocket ingest): `end` closes it,
-        `tell` sends its client a message; `catch_up`, `resumed` and `source` as join's. The
-        caller pushes 16 kHz PCM into the returned StudentAudio and calls close_stream at the end.
-        Raises RoomFull, Busy, TooManyFromAddress or BusError."""
+        """A student's audio over a transport the caller owns (WebSocket ingest: `end` closes it, `tell`
+        messages its client), fed 16 kHz PCM until close_stream. Raises RoomFull, Busy, TooManyFromAddress, BusError."""
         audio, new = await self.join(room, student_id, name, address, limits, catch_up, resumed, source)
         await self.joined(room, student_id, Connection(end, audio, address, tell), new)
         return audio
@@ -121,10 +118,10 @@ class Classroom:
                    catch_up: bool = False, resumed: bool = False, source: str = "") -> tuple[StudentAudio, bool]:
         """Seat a student, whatever the transport: its new pipeline, and whether it is new to the
         room; counted as joining until joined() or not_joined(). A reconnect replaces its old
-        connection and keeps its seat, even in a full room and when the server is busy (a seated
-        student is never dropped to make room; one that proves its identity and brings audio
-        back may have been seated by a gateway that is gone). `source`: whose share of the room's
-        queue its utterances count in (tokens.Claim.queue_source; by default its address)."""
+        connection and keeps its seat, even in a full room or a busy server (a seated student is
+        never dropped to make room; one that proves its identity and brings audio back may have
+        been seated by a gateway that is gone). `source`: whose share of the room's queue its
+        utterances count in (tokens.Claim.queue_source; its address by default)."""
         key = (room.room_id, student_id)
         self.admission.check(room.room_id, address, limits, self.connections.from_address(room.room_id, address, student_id))
         seated = student_id in room.students
@@ -170,9 +167,8 @@ class Classroom:
         return self.connections.is_current(room.room_id, student_id, audio)
 
     def close_stream(self, room: Room, student_id: str, audio: StudentAudio) -> None:
-        """The stream ended: its last speech is flushed (or parked, for a page that keeps its
-        audio and left without a goodbye) and, if it is still the student's, the student leaves
-        after the grace period (a stream replaced by a reconnect leaves the seat to it)."""
+        """The stream ended: its last speech flushed (parked, for a page that keeps its audio and
+        left without a goodbye); if still the student's (not replaced), it leaves after the grace period."""
         if audio.kept and not audio.said_bye and not audio.closed:
             self.parking.park(audio)
         elif not audio.closed:
@@ -187,7 +183,7 @@ class Classroom:
             if (room.room_id, student_id) not in self.connections and (student := await self.seats.unseat(room, student_id)):
                 await self.publisher.publish(StudentEvent(room.room_id, student_id, student.name, "student_left"))
 
-        self.spawn(leave())
+        self.tasks.spawn(leave())
 
     async def _event(self, room: Room, student_id: str, kind: str) -> None:
         if student := room.students.get(student_id):
@@ -198,9 +194,17 @@ class Classroom:
                       source: str = "") -> StudentAudio:
         """A student's pipeline: paced, VAD with this server's settings, to the sink."""
         return StudentAudio(room.room_id, student_id, name, room.language, self.sink,
-                            lambda speaking: self.spawn(self._event(room, student_id, "speaking_started" if speaking else "speaking_stopped")),
+                            lambda speaking: self.tasks.spawn(self._event(room, student_id, "speaking_started" if speaking else "speaking_stopped")),
                             self.segmenter_config, pacer or self.pacer(), source=source)
 
     def pacer(self) -> Pacer:
         """A stream's pace limit (audio/pacing.py) at this server's rate; its refusals counted."""
         return Pacer(self.settings.max_audio_rate, on_refused=self.metrics.paced_refusals.inc)
+
+
+async def _held(connections: Connections, sink: UtteranceSink) -> int:
+    """What holds memory in a server process: the streams, and the utterances waiting for recognition."""
+    try:
+        return len(connections) + await sink.depth()
+    except UNREACHABLE:  # the queue is away: the streams alone
+        return len(connections)

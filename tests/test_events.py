@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamserver.api.app import Seen
+from streamserver.rooms.feed import Seen
 from streamserver.bus.keys import is_final_transcript
 from streamserver.events import (
     MESSAGES, RESULT_TYPES, STUDENT_TYPES, History, Message, NoSpeechEvent, QuestionGroupAnsweredEvent, QuestionGroupEvent,

@@ -126,7 +126,7 @@ def test_a_room_sets_its_own_size_and_several_dashboards_see_the_same_class():
 def test_a_feeds_memory_of_what_it_sent_stays_bounded_through_a_long_lecture():
     """A dashboard open for hours: the feed's record of events and results sent keeps the recent
     ones (copies come within seconds of their originals), never the whole class."""
-    from streamserver.api.app import Seen
+    from streamserver.rooms.feed import Seen
     from streamserver.events import TranscriptEvent, Utterance
 
     seen = Seen()

@@ -103,3 +103,15 @@ def test_the_hops_named_in_stages_take_its_types():
                              (BatchRecogniser, stages.Recogniser), (OrderedPublisher, stages.RoomFeed)):
         wanted = [n for n in vars(interface) if not n.startswith("_")]
         assert wanted and all(callable(getattr(stage, n, None)) for n in wanted), (stage, interface)
+
+
+def test_the_classroom_only_joins_and_leaves():
+    """Classroom (streamserver/classroom.py) keeps to a student's join, reconnect and leave and
+    the parts it starts: at most 150 lines, and the API reads a room's feed and health through
+    its methods, not through its parts."""
+    tree = ast.parse((ROOT / "classroom.py").read_text(encoding="utf-8"))
+    (classroom,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Classroom"]
+    assert classroom.end_lineno - classroom.lineno + 1 <= 150
+    app = (ROOT / "api" / "app.py").read_text(encoding="utf-8")
+    for part in (".local.", ".sink.fallback", ".upkeep.feeds", "bus.subscribe(", "bus.history("):
+        assert part not in app, part

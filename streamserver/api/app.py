@@ -15,7 +15,7 @@ import math
 import re
 import secrets
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from aiohttp import WSMsgType, web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -28,8 +28,7 @@ from streamserver.asr.worker import AsrWorker
 from streamserver.audio.timeline import CLOCK_NAME
 from streamserver.bus.redis import BusError
 from streamserver.classroom import Classroom
-from streamserver.events import (RESULT_TYPES, History, QuestionGroupAnsweredEvent, RoomClosedEvent, Roster,
-                                 TranscriptionSourceEvent, TranscriptPartialEvent, event_type)
+from streamserver.events import History, QuestionGroupAnsweredEvent, RoomClosedEvent, Roster, event_type
 from streamserver.metrics import CONTENT_TYPE, Metrics
 from streamserver.queue.base import UNREACHABLE
 from streamserver.queue.sink import Busy
@@ -39,6 +38,7 @@ from streamserver.rooms.idle import IdleStreams
 from streamserver.rooms.offers import OfferLimits, TooManyOffers
 from streamserver.rooms.admission import AddressLimits, TooManyFromAddress
 from streamserver.rooms.directory import RoomClosed
+from streamserver.rooms.feed import DashboardFeed
 from streamserver.rooms.identity import identify
 from streamserver.transport.ws_ingest import CLOSE_ROOM_CLOSED
 from streamserver.rooms.registry import LANGUAGES, Room, RoomFull
@@ -361,112 +361,41 @@ async def feed(request: web.Request) -> web.StreamResponse:
     room = await _room(request)
     if (denied := _check_token(request, room.room_id, request.query.get("token"), "teacher")) is not None:
         return denied
-    classroom = request.app[CLASSROOM]
     ws = feed_socket()
     await ws.prepare(request)
-    feeds = classroom.upkeep.feeds
-    feeds[room.room_id] = feeds.get(room.room_id, 0) + 1
-    # Subscribe before reading the history, so that nothing published in between is lost; what
-    # arrives in both is sent once.
-    live: asyncio.Queue[str | None] = asyncio.Queue()
-    tasks: list[asyncio.Task] = []
-    classroom.local.listen(room.room_id, live)  # this process's own events (a gateway's fallback)
-    try:  # whatever fails from here (the bus, the teacher closing the tab), the subscription ends
-        tasks.append(asyncio.create_task(_collect(classroom.bus.subscribe(room.room_id), live)))
-        try:
-            before = await classroom.bus.subscriber_count(room.room_id)
-            for _ in range(100):
-                if await classroom.bus.subscriber_count(room.room_id) > before:
+    async with request.app[CLASSROOM].feed(room.room_id) as events:
+        sending: asyncio.Task | None = None
+        try:  # whatever fails from here (the bus, the teacher closing the tab), the subscription ends
+            history = await events.history()
+            await ws.send_str(History(history).to_json())
+            if any(e.get("type") == RoomClosedEvent.type for e in history):  # closed while this feed was opening
+                await ws.close(code=CLOSE_ROOM_CLOSED, message=b"the room was closed")
+                return ws
+            await ws.send_str(Roster(room.name, room.roster()).to_json())
+            sending = asyncio.create_task(_send(ws, events))
+            async for message in ws:  # the dashboard sends nothing we act on; this waits for close
+                if message.type == WSMsgType.ERROR:
                     break
-                await asyncio.sleep(0.01)
-            history = await classroom.bus.history(room.room_id)
-        except BusError:
-            if classroom.sink.fallback is None:
-                raise
-            history = []  # the uplink is down: this gateway's own recent events, and the bus's when it returns
-        history += classroom.local.recent(room.room_id)
-        seen = Seen()
-        events = [json.loads(e) for e in history if seen.first(e)]
-        if not classroom.local.central:
-            events.append(TranscriptionSourceEvent(room.room_id, "local").to_dict())
-        await ws.send_str(History(events).to_json())
-        if any(e.get("type") == RoomClosedEvent.type for e in events):  # closed while this feed was opening
-            await ws.close(code=CLOSE_ROOM_CLOSED, message=b"the room was closed")
-            return ws
-        await ws.send_str(Roster(room.name, room.roster()).to_json())
-        tasks.append(asyncio.create_task(_send(ws, live, seen)))
-        async for message in ws:  # the dashboard sends nothing we act on; this waits for close
-            if message.type == WSMsgType.ERROR:
-                break
-    except (BusError, ConnectionError) as error:
-        log.warning("feed of room %s ended: %s", room.room_id, error)
-        await ws.close()
-    finally:
-        feeds[room.room_id] -= 1
-        classroom.local.unlisten(room.room_id, live)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        except (BusError, ConnectionError) as error:
+            log.warning("feed of room %s ended: %s", room.room_id, error)
+            await ws.close()
+        finally:
+            if sending is not None:
+                sending.cancel()
+                await asyncio.gather(sending, return_exceptions=True)
     return ws
-
-
-async def _collect(events: AsyncIterator[str], live: asyncio.Queue[str | None]) -> None:
-    try:
-        async for event in events:
-            live.put_nowait(event)
-    finally:
-        live.put_nowait(None)
-        await events.aclose()
-
-
-class Seen:
-    """What a feed has sent: an event once, and an utterance's result once, whichever way it
-    came (the bus, its history, or this gateway's fallback: bus/local.py). Both memories are
-    bounded, so that a feed open through a lecture of hours keeps the recent ones only: a copy
-    comes within seconds of its original (the history replayed as the feed opens, a fallback's
-    result reaching the central history after an outage)."""
-
-    EVENTS_KEPT = 20_000  # the history replayed at the start is at most 500 of them
-    RESULTS_KEPT = 200_000  # utterance ids
-
-    def __init__(self) -> None:
-        self._events: dict[str, None] = {}
-        self._results: dict[str, None] = {}
-
-    def first(self, event: str) -> bool:
-        # Every event of the room passes here: its type costs a look at its first characters
-        # (event_type), and only a partial or a result, whose utterance counts, is parsed.
-        kind = event_type(event)
-        if kind == TranscriptPartialEvent.type:  # live only (never replayed): not remembered
-            return json.loads(event).get("utterance_id") not in self._results  # none after its final
-        if event in self._events:
-            return False
-        _remember(self._events, event, self.EVENTS_KEPT)
-        if kind in RESULT_TYPES:
-            utterance_id = json.loads(event).get("utterance_id")
-            if utterance_id in self._results:
-                return False
-            _remember(self._results, utterance_id, self.RESULTS_KEPT)
-        return True
-
-
-def _remember(kept: dict[str, None], key: str, most: int) -> None:
-    kept[key] = None
-    if len(kept) > most:
-        del kept[next(iter(kept))]  # the oldest: a dict keeps insertion order
 
 
 BUS_PING_S = 2.0
 ROOM_SIZE_MAX = 100_000  # a room's own student limit (a lecture); the server's --max-students is the default
 
 
-async def _send(ws: web.WebSocketResponse, live: asyncio.Queue[str | None], seen: Seen) -> None:
-    while (event := await live.get()) is not None:
-        if seen.first(event):
-            await ws.send_str(event)
-            if event_type(event) == RoomClosedEvent.type:
-                await ws.close(code=CLOSE_ROOM_CLOSED, message=b"the room was closed")
-                return
+async def _send(ws: web.WebSocketResponse, events: DashboardFeed) -> None:
+    async for event in events.live():
+        await ws.send_str(event)
+        if event_type(event) == RoomClosedEvent.type:
+            await ws.close(code=CLOSE_ROOM_CLOSED, message=b"the room was closed")
+            return
     await ws.close()  # the bus dropped us: closing lets the dashboard reconnect and replay
 
 
@@ -490,11 +419,11 @@ async def healthz(request: web.Request) -> web.Response:
     classroom = request.app[CLASSROOM]
     bus_ok = await _bus_answers(classroom)
     body = {"ok": bus_ok, "bus": "ok" if bus_ok else "unreachable", "rooms": len(classroom.rooms.rooms)}
-    if classroom.sink.fallback is not None:
-        body.update(transcripts="central" if classroom.local.central else "local fallback")
+    if classroom.transcripts is not None:
+        body.update(transcripts=classroom.transcripts)
     if (worker := request.app.get(WORKER)) is not None:
         body.update(model=worker.engine.model, queue=await classroom.sink.depth(), transcribed=worker.transcribed)
-    return web.json_response(body, status=200 if bus_ok or classroom.sink.fallback is not None else 503)
+    return web.json_response(body, status=200 if bus_ok or classroom.transcripts is not None else 503)
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -646,7 +575,7 @@ def create_app(classroom: Classroom, worker: AsrWorker | None = None) -> web.App
 
     async def on_startup(app: web.Application) -> None:
         await classroom.start()
-        classroom.spawn(app[IDLE].run())
+        classroom.tasks.spawn(app[IDLE].run())
 
     async def on_cleanup(app: web.Application) -> None:
         await classroom.stop()

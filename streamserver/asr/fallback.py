@@ -31,6 +31,7 @@ from streamserver.metrics import Metrics
 from streamserver.queue.base import UNREACHABLE
 from streamserver.queue.redis_queue import RedisQueue
 from streamserver.queue.spool import Spool, SpoolError
+from streamserver.tasks import Tasks
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 8  # utterances per local engine call: a gateway's CPU, not a GPU
@@ -52,7 +53,7 @@ class LocalFallback:
         self._taken: set[str] = set()  # utterance ids recognised here or on their way
         self._stored: set[str] = set()  # ... whose result is claimed or kept for the central history
         self._unsynced: list[str] = []  # results (event JSON) for the central history, without a spool
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = Tasks()
         self._runner: asyncio.Task | None = None
         self._syncer: asyncio.Task | None = None
         self._prober: asyncio.Task | None = None
@@ -91,9 +92,7 @@ class LocalFallback:
         if not self.uplink_up:
             self._take(u)
             return
-        task = asyncio.get_running_loop().create_task(self._watch(u))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._watch(u))
 
     def taken(self, utterance_id: str) -> bool:
         return utterance_id in self._taken

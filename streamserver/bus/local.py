@@ -5,7 +5,7 @@ The bus carries every event to every process's dashboards; when the bus is unrea
 gateway recognised itself would reach nobody. Each dashboard feed of this process also listens
 here, and a feed that opens during the outage gets the room's recent local events as its
 history. When the uplink returns the same transcripts reach the central history (and so the
-bus); a feed shows a transcript once, whichever way it came first (api/app.py).
+bus); a feed shows a transcript once, whichever way it came first (rooms/feed.py).
 """
 
 from __future__ import annotations

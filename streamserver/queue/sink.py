@@ -18,6 +18,7 @@ from streamserver.metrics import Metrics
 from streamserver.queue.base import UNREACHABLE, Displaced, QueueFull, UtteranceQueue
 from streamserver.queue.publication import final_from_speculation
 from streamserver.queue.spool import Spool, SpoolError
+from streamserver.tasks import Tasks
 
 log = logging.getLogger(__name__)
 RETRY_FOR_S = 120.0  # the queue unreachable longer than this: the utterance is dropped, loudly
@@ -55,7 +56,7 @@ class UtteranceSink:
         self.fallback = fallback
         self._drainer: asyncio.Task | None = None
         self._full: dict[str, float] = {}  # room ("" for the whole queue) -> monotonic time its bound was hit
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = Tasks()
         self._busy: dict[str | None, tuple[float, str | None]] = {}  # room -> (checked at, reason)
         self._busy_lock = asyncio.Lock()
         self.queued = 0
@@ -71,8 +72,7 @@ class UtteranceSink:
             self._drain()
 
     async def stop(self) -> None:
-        if self._tasks:  # utterances on their way to the queue: give them a moment
-            await asyncio.wait(self._tasks, timeout=5)
+        await self._tasks.wait(5)  # utterances on their way to the queue: give them a moment
         if self._drainer is not None:
             self._drainer.cancel()
         await self.queue.close()
@@ -81,16 +81,11 @@ class UtteranceSink:
         """Called by the audio pipeline on the event loop; queuing happens in a task."""
         finals, audio_s = self.submitted
         self.submitted = (finals + 1, audio_s + u.audio.size / SAMPLE_RATE)
-        self._spawn(self._send(u))
+        self._tasks.spawn(self._send(u))
 
     def hint(self, u: Utterance) -> None:
         """A partial or speculative utterance from the audio pipeline: offered once, best effort."""
-        self._spawn(self._offer(u))
-
-    def _spawn(self, work) -> None:  # noqa: ANN001 - a coroutine
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._offer(u))
 
     async def settled(self, utterance_ids: list[str]) -> set[str]:
         """Those of the utterances that need their audio no more: published, or found to be a
