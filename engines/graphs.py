@@ -16,11 +16,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+
+if TYPE_CHECKING:  # onnx takes most of a second to import: only a build (a cache miss) imports it
+    import onnx
 
 from engines.cache import cache_dir
 from engines.weights import Weights
@@ -82,6 +83,8 @@ class _Builder:
         self._count = 0
 
     def const(self, value: np.ndarray, name: str | None = None) -> str:
+        from onnx import numpy_helper
+
         name = name or f"c{len(self.initializers)}"
         if name not in self._names:
             self._names.add(name)
@@ -92,6 +95,8 @@ class _Builder:
         return self.const(self.tensors[key].astype(np.float32), key)
 
     def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs: object) -> str | list[str]:
+        from onnx import helper
+
         self._count += 1
         names = [f"{op_type.lower()}_{self._count}_{i}" for i in range(outputs)]
         self.nodes.append(helper.make_node(op_type, list(inputs), names, **attrs))
@@ -114,6 +119,8 @@ class _Builder:
         return self.op("Add", y, self.const(b * scale, f"{prefix}/b{tag}"))
 
     def project(self, x: str, w: np.ndarray, name: str) -> str:
+        from onnx import helper
+
         """x @ w.T for a weight w (out, in): fp32 MatMul, or with int8 weights.
 
         A decoder step (a few rows) is bound by reading weights: MatMulNBits, whose activations
@@ -202,6 +209,8 @@ class _Builder:
         return self.op("MatMul", self.op("Softmax", scores, axis=-1), v)
 
     def model(self, inputs: list[onnx.ValueInfoProto], outputs: dict[str, str], out_info: list[onnx.ValueInfoProto], name: str) -> onnx.ModelProto:
+        from onnx import helper
+
         for out_name, node_output in outputs.items():
             self.nodes.append(helper.make_node("Identity", [node_output], [out_name]))
         graph = helper.make_graph(self.nodes, name, inputs, out_info, self.initializers)
@@ -213,6 +222,8 @@ class _Builder:
 
 
 def _f32(name: str, shape: list[str | int]) -> onnx.ValueInfoProto:
+    from onnx import TensorProto, helper
+
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
 
 
@@ -293,6 +304,8 @@ def _cross_attention(g: "_Builder", h: str, i: int, n_heads: int, width: int) ->
 
 
 def build_decoder(weights: Weights, flavour: Flavour = FLAVOURS["portable"]) -> onnx.ModelProto:
+    from onnx import TensorProto, helper
+
     d = weights.dims
     w = d.n_audio_state
     hd = w // d.n_heads
@@ -363,6 +376,8 @@ def graph_paths(weights: Weights, flavour: str = "portable", progress: Progress 
         if progress:
             progress(f"building graph {step}/2 of {weights.name} ({flavour}) -> {path}")
         tmp = path.with_suffix(".tmp")
+        import onnx
+
         onnx.save(build(), tmp)
         tmp.replace(path)
     return jobs[0][0], jobs[1][0]

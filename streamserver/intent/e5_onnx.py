@@ -21,15 +21,17 @@ import hashlib
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from engines.cache import cache_dir
 from streamserver.intent import e5_file
 from streamserver.intent.e5_tokenizer import E5Tokenizer
 from streamserver.intent.e5_windows import Window, text_embeddings, text_windows
+
+if TYPE_CHECKING:  # onnx takes most of a second to import: only a build (a cache miss) imports it
+    import onnx
 
 GRAPH_VERSION = 1  # bump when build() changes: part of the cache key
 OPSET = 17
@@ -58,6 +60,8 @@ class _Graph:
         self._names: set[str] = set()
 
     def const(self, name: str, value: np.ndarray) -> str:
+        from onnx import numpy_helper
+
         if name not in self._names:  # shared constants (axes, indices) are named once
             self._names.add(name)
             self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
@@ -70,6 +74,8 @@ class _Graph:
         return self.const(name, self.f.tensors[name])
 
     def op(self, op_type: str, inputs: list[str], contrib: bool = False, outputs: int = 1, **attrs: object) -> str | list[str]:
+        from onnx import helper
+
         names = [f"{op_type.lower()}_{len(self.nodes)}_{i}" for i in range(outputs)]
         domain = "com.microsoft" if contrib else ""
         self.nodes.append(helper.make_node(op_type, inputs, names, domain=domain, **attrs))
@@ -96,6 +102,8 @@ class _Graph:
 def build(f: e5_file.E5File) -> onnx.ModelProto:
     """The encoder: word [B, T, H] (the tokens' dequantized rows, B sequences of equal length,
     no padding) -> pooled [B, H], the mean of the last hidden states (not normalised)."""
+    from onnx import TensorProto, helper
+
     d = f.dims
     g = _Graph(f)
     seq = g.op("Gather", [g.op("Shape", ["word"]), g.ints(1)])
@@ -138,6 +146,8 @@ def graph_path(f: e5_file.E5File) -> Path:
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        import onnx
+
         onnx.save(build(f), tmp)
         tmp.replace(path)
     return path
