@@ -119,8 +119,6 @@ class _Builder:
         return self.op("Add", y, self.const(b * scale, f"{prefix}/b{tag}"))
 
     def project(self, x: str, w: np.ndarray, name: str) -> str:
-        from onnx import helper
-
         """x @ w.T for a weight w (out, in): fp32 MatMul, or with int8 weights.
 
         A decoder step (a few rows) is bound by reading weights: MatMulNBits, whose activations
@@ -129,6 +127,8 @@ class _Builder:
         The encoder (thousands of rows) is bound by arithmetic: DynamicQuantizeMatMul, which
         reaches the CPU's int8 matrix units.
         """
+        from onnx import helper
+
         if not self.flavour.int8:
             return self.op("MatMul", x, self.const(w.T.copy(), name))
         if self.many_rows:

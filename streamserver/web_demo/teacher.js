@@ -98,6 +98,21 @@ function remember(ids, id, most = IDS_KEPT) {
   if (ids.size > most) ids.delete(ids.values().next().value);
 }
 
+// Makes list's children exactly `rows`, in that order, with as few DOM changes as it takes: rows
+// no longer wanted leave, the others stay where they are, new ones go in their place. Returns
+// those that left.
+function arrange(list, rows) {
+  const wanted = new Set(rows);
+  const gone = [...list.children].filter((node) => !wanted.has(node));
+  for (const node of gone) node.remove();
+  let next = list.firstElementChild;
+  for (const row of rows) {
+    if (row === next) next = next.nextElementSibling;
+    else list.insertBefore(row, next);
+  }
+  return gone;
+}
+
 function el(tag, className, text) {
   const node = document.createElement(tag);
   if (className) node.className = className;
@@ -197,8 +212,7 @@ function redrawRoster() {
   }
 }
 
-// The list's rows follow the records with as few changes as they need: rows no longer listed
-// leave, the others stay where they are, new ones go in their place by name.
+// The list's rows follow the records, in name order (arrange).
 function drawRoster() {
   rosterDrawn = true;
   const lecture = isLecture();
@@ -211,17 +225,9 @@ function drawRoster() {
     if (!lecture || rows.length < ROSTER_ROWS) rows.push(student);
     else more++;
   }
-  const listed = new Set(rows);
-  for (const li of [...studentList.children]) {
+  for (const li of arrange(studentList, rows.map((student) => student.li ?? studentItem(student)))) {
     const student = students.get(li.dataset.studentId);
-    if (student && listed.has(student)) continue;
-    li.remove();
     if (student) student.li = null;
-  }
-  let next = studentList.firstElementChild;
-  for (const student of rows) {
-    if (student.li && student.li === next) next = next.nextElementSibling;
-    else studentList.insertBefore(student.li ?? studentItem(student), next);
   }
   rosterMore.hidden = more === 0;
   rosterMore.textContent = `and ${more} more ${search ? 'found: type more of the name' : 'speaking'}`;
@@ -359,10 +365,10 @@ function spokenTs(ev) {
   return Number.isFinite(ts) ? ts : Infinity;
 }
 
-// A row said before every row of a full list that follows its newest rows: the next trim would
-// take it at once (a lecture's finals come 200 a second), so it is not made at all.
+// A row said before every row of a full list: the next trim would take it at once (a lecture's
+// finals come 200 a second), so it is not made at all.
 function wouldBeTrimmed(list, rows, most, ts) {
-  return rows >= most && (list !== feed || following.feed) && ts < list.firstElementChild.spokenAt;
+  return rows >= most && ts < list.firstElementChild.spokenAt;
 }
 
 // Inserts item into list by spokenTs: usually at the end.
@@ -509,7 +515,7 @@ function addTranscripts(events) {
       item.spokenAt = partial.spokenAt;
       partial.replaceWith(item);
       grew.feed = true;
-    } else if (!wouldBeTrimmed(feed, feed.children.length, feedRows(), spokenTs(ev))) {
+    } else if (!(following.feed && wouldBeTrimmed(feed, feed.children.length, feedRows(), spokenTs(ev)))) {
       insertInOrder(feed, renderTranscript(ev, intent), spokenTs(ev));
       grew.feed = true;
     }
@@ -618,20 +624,8 @@ function drawGroups() {
     .sort((a, b) => (b.last_at - a.last_at) || String(a.group_id).localeCompare(String(b.group_id)))
     .slice(0, GROUPS_SHOWN);
   const shown = new Set(newest.map((g) => g.group_id));
-  const list = $('groups');
-  for (const [id, li] of groupItems) {
-    if (shown.has(id)) continue;
-    li.remove();
-    groupItems.delete(id);
-  }
-  // In their new order with as few moves as it takes: a group that grew goes to the top, the
-  // others keep their rows.
-  let next = list.firstElementChild;
-  for (const g of newest) {
-    const li = groupItem(g);
-    if (li === next) next = next.nextElementSibling;
-    else list.insertBefore(li, next);
-  }
+  for (const id of groupItems.keys()) if (!shown.has(id)) groupItems.delete(id);
+  arrange($('groups'), newest.map(groupItem)); // a group that grew moves to the top, the others stay
   $('group-total').textContent = `${groups.size} ${groups.size === 1 ? 'group' : 'groups'}`;
   if ($('groups-box').hidden) { // the queue below gets shorter: it keeps following if it did
     $('groups-box').hidden = false;
