@@ -4,7 +4,7 @@
     on a host past its capacity does) is slow, not dead, and a client whose own loop stopped for
     3 s (a simulator process busy with a wave of handshakes, a browser's background tab) has not
     heard the server's silence: the students keep their connections (reconnects under 1 %, where a
-    client that took its own pause for the server's silence would reconnect all 100), and nothing
+    client that took its own pause for the server's silence would reconnect them all), and nothing
     they said is lost or transcribed twice.
 (b) More students than gateway + worker carry: those seated keep their finals within 2 s, the
     rest are answered "busy" (503 + Retry-After) before they take a seat, and try again after
@@ -28,20 +28,24 @@ def _scaleout(out, *args: str) -> dict:
     assert run.returncode == 0, run.stderr[-4000:]
     report = json.loads((out / "report.json").read_text())
     print({k: report[k] for k in ("utterances_sent", "transcripts_received", "lost", "duplicates", "copies", "reconnects",
-                                  "reconnect_causes", "busy_rejections", "never_seated", "join_failures", "latency_s")})
+                                  "reconnect_causes", "busy_rejections", "never_seated", "join_failures", "join_retries", "errors",
+                                  "latency_s")})
     return report
 
 
 def test_a_stalled_gateway_keeps_its_students(tmp_path):
-    students = 100
+    # A class the box plans to carry: admission plans on the worker's measured speed, which on 2
+    # cores reads 1.7-2.9 utterances/s at its start (its calibration shares the cores with the
+    # class arriving) and seats 34-58 students at 10 % speaking, more once real batches measure
+    # it. Those it seats are the class the stall must not break up.
+    students = 40
     report = _scaleout(tmp_path / "stall", "--students", str(students), "--duration", "45", "--rooms", "5",
                        "--speak-ratio", "0.1", "--stall", "gateway", "10", "20", "0.7", "--stall", "loadsim", "34", "3", "1")
-    # Admission plans on the worker's measured speed, which on 2 cores varies from day to day: it
-    # seats 88-100 of the 100 here. Those it seats are the class the stall must not break up.
     seated = students - report["never_seated"]
     assert report["join_failures"] == 0 and seated >= 0.8 * students, report["busy_rejections"]
     assert report["reconnects"] < 0.01 * seated, report["reconnect_causes"]
-    assert report["utterances_sent"] >= 50
+    # At 10 % speaking a student says about 3/4 of an utterance in 45 s: most of the class spoke.
+    assert report["utterances_sent"] >= seated // 2
     assert report["lost"] == 0 and report["duplicates"] == 0 and report["copies"] == 0
     assert report["transcripts_received"] == report["utterances_sent"]
 

@@ -41,8 +41,10 @@ from collections import Counter, OrderedDict, deque
 from typing import Awaitable, Coroutine
 
 from engines.engine import Engine
+from engines.features import SAMPLE_RATE
 from streamserver.asr.batch import BatchRecogniser
 from streamserver.result_log import log_result
+from streamserver.capacity import UTTERANCE_S
 from streamserver.config import PARTIAL_MODES, Settings
 from streamserver.events import (QuestionGroupEvent, TranscriptEvent, TranscriptPartialEvent, Utterance,
                                  UtteranceFailedEvent, now)
@@ -214,6 +216,12 @@ class AsrWorker:
             recogniser.close()
         self._batch_rows = float(sizes[-1])
         self._rate = sizes[-1] / max(seconds, 1e-3)
+        if not self.engine.batch_rows_cheap:
+            # On a CPU an utterance costs about its length, and admission counts students in
+            # utterances of UTTERANCE_S until a gateway has measured its own: a shorter clip's rate
+            # would seat a class its real utterances then overload.
+            audio_s = sum(len(speech[i % len(speech)]) for i in range(sizes[-1])) / SAMPLE_RATE
+            self._rate *= audio_s / (sizes[-1] * UTTERANCE_S)
         log.info("recognition capacity: about %.1f utterances/s (%d rows in %.3f s)", self.capacity(), sizes[-1], seconds)
 
     def capacity(self) -> float:

@@ -103,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"loadsim: error: could not set up the class on {', '.join(config.urls)}: {type(error).__name__}: {error}", file=sys.stderr)
         return 2
     summary = {k: result[k] for k in ("utterances_sent", "transcripts_received", "duplicates", "copies", "recovered", "reconnects", "reconnect_causes", "lost", "lost_vs_queued", "never_queued",
-                                      "clips_unsent", "join_failures", "busy_rejections", "never_seated", "disconnects", "ice_consent_expired",
+                                      "clips_unsent", "join_failures", "join_retries", "busy_rejections", "never_seated", "disconnects", "ice_consent_expired",
                                       "simulator_max_lag_s", "latency_s", "latency_from_clip_end_s", "partials_received",
                                       "partial_first_s", "partial_first_from_speech_s", "partial_gap_s", "partial_agreement")}
     print(json.dumps(summary), flush=True)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MAX_ERRORS = 20  # distinct join/stream errors kept for the report
-COUNTERS = ("join_failures", "busy_rejections", "never_seated", "disconnects", "clips_unsent", "ice_consent_expired", "reconnects")
+COUNTERS = ("join_failures", "join_retries", "busy_rejections", "never_seated", "disconnects", "clips_unsent", "ice_consent_expired", "reconnects")
 # Two transcripts of one student whose speech overlaps this much (of the shorter) are one speech
 # published twice, whatever their utterance ids say: a student never says two things at once.
 COPY_OVERLAP = 0.5
@@ -76,7 +76,8 @@ class Tally:
     reconnect_causes: Counter = field(default_factory=Counter)  # why they broke: "closed", "no_ack", "send_failed"
     spoken: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # student -> (start_ts, end_of_speech_ts)
     connected: int = 0
-    join_failures: int = 0
+    join_failures: int = 0  # students refused for good, or whose joins got no answer until the class ended
+    join_retries: int = 0  # joins that got no answer (a reset, a timeout) and were tried again
     busy_rejections: int = 0  # joins answered busy (a student told busy tries again after Retry-After)
     never_seated: int = 0  # students answered busy on every try until the class ended
     disconnects: int = 0

@@ -33,6 +33,7 @@ def build(settings: dict[str, Any], tally: Tally, timeline: list[dict], metrics_
         "never_queued": tally.never_queued(),  # clips sent the gateway never announced as utterances
         "clips_unsent": tally.clips_unsent,  # clips the simulator did not finish sending (> 0: it fell behind)
         "join_failures": tally.join_failures,
+        "join_retries": tally.join_retries,  # joins with no answer (a reset, a timeout), tried again
         "busy_rejections": tally.busy_rejections,  # busy answers to joins, retries included
         "never_seated": tally.never_seated,  # students told busy on every try until the class ended
         "disconnects": tally.disconnects,

@@ -91,7 +91,8 @@ class StudentPool:
     async def _student(self, session: aiohttp.ClientSession, index: int, joins: asyncio.Semaphore, tmp: Path) -> None:
         """One student through the class. Told busy, it tries again after the server's
         Retry-After, as the student page does (web_demo/student.js), until too little of the
-        class is left to join; any other refusal ends its class."""
+        class is left to join; so does one whose join got no answer (a network error); any other
+        refusal ends its class."""
         room = self._room_of(index)
         rng = random.Random(self.plan.seed * 1_000_003 + index)
         tries = 0
@@ -116,9 +117,16 @@ class StudentPool:
                     return
                 await asyncio.sleep(wait)
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
-                self.tally.join_failures += 1
+                # No answer at all (a reset, a timeout): the page tries again after a jittered
+                # wait, as after a break; only a class that ends first makes it a failure.
                 self.tally.error("join", f"{type(error).__name__}: {error}")
-                return
+                wait = reconnect_wait(tries)
+                tries += 1
+                if self._remaining_s() - wait < LATE_JOIN_S:
+                    self.tally.join_failures += 1
+                    return
+                self.tally.join_retries += 1
+                await asyncio.sleep(wait)
 
     async def _ws_student(self, session: aiohttp.ClientSession, index: int, room: dict, joins: asyncio.Semaphore,
                           rng: random.Random) -> None:
