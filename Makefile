@@ -57,7 +57,7 @@ image-gpu: container-runtime
 # -rs: each skipped test's reason (a missing package, no GPU) in the summary; --durations: the
 # slowest tests, as CI must finish within 30 minutes on 2 cores.
 test: install system-packages container-runtime
-	$(VENV)/bin/python -m pytest -q -rs --durations=30
+	$(VENV)/bin/python -m pytest -q -rs --durations=60
 
 # Every version an install gets (constraints.txt), from this venv after `make test` passed in it;
 # after changing a range in pyproject.toml: pip install the new versions, `make test`, then this.
