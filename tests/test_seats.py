@@ -273,3 +273,39 @@ def test_a_room_closed_on_one_gateway_ends_its_students_on_the_other(redis_url):
             assert await refused(s, b, token, "bob-00000009") == 403
 
     run(body)
+
+
+def test_a_class_ending_at_once_releases_every_seat_within_redis_client_limit():
+    """600 students of one gateway leave together, against a Redis that takes 64 clients (as a
+    fleet of gateways fills Redis's 10,000): every seat is released now, none is left to expire
+    with its lease."""
+    import redis.asyncio as aioredis
+
+    from streamserver.rooms.registry import RoomRegistry
+    from streamserver.rooms.seats import SeatKeeper
+
+    server = RedisServer().start()
+
+    async def body() -> None:
+        admin = aioredis.Redis.from_url(server.url)
+        bus = RedisBus(server.url)
+        try:
+            await admin.config_set("maxclients", 64)
+            rooms = RoomRegistry(1000)
+            keeper = SeatKeeper(bus, rooms, lease_s=30)
+            room = rooms.create("lecture", "en", max_students=1000)
+            students = [f"student-{i:03d}" for i in range(600)]
+            for student in students:
+                await keeper.take(room, student)
+            seats = bus.keys.seats(room.room_id)[0]
+            assert await admin.zcard(seats) == 600
+            await asyncio.gather(*(keeper.free(room.room_id, student) for student in students))
+            assert await admin.zcard(seats) == 0
+        finally:
+            await bus.close()
+            await admin.aclose()
+
+    try:
+        run(body)
+    finally:
+        server.stop()

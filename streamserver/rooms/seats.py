@@ -16,6 +16,11 @@ from streamserver.bus import Bus
 from streamserver.rooms.registry import Room, RoomFull, RoomRegistry, Student
 
 log = logging.getLogger(__name__)
+# Seat releases in flight at once. A class that ends at once releases every seat of a gateway
+# together, and each call in flight holds a Redis connection of its own: hundreds of students
+# per gateway, times the gateways, pass Redis's client limit (10,000) and the releases beyond it
+# fail (their seats then stay taken until their leases run out). In turn, they take a few ms.
+RELEASES_IN_FLIGHT = 32
 
 
 class SeatKeeper:
@@ -23,6 +28,7 @@ class SeatKeeper:
         self.bus, self.rooms, self.lease_s = bus, rooms, lease_s
         self.holder = secrets.token_hex(8)
         self._task: asyncio.Task | None = None
+        self._releasing = asyncio.Semaphore(RELEASES_IN_FLIGHT)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._renew(), name="seat-renewal")
@@ -45,7 +51,8 @@ class SeatKeeper:
     async def free(self, room_id: str, student_id: str) -> None:
         """Release a seat no longer renewed here; when the bus fails, its lease frees it."""
         try:
-            await self.bus.release_seat(room_id, student_id, self.holder)
+            async with self._releasing:
+                await self.bus.release_seat(room_id, student_id, self.holder)
         except Exception as error:  # noqa: BLE001
             log.warning("seat of %s in room %s not released (%s): it expires with its lease", student_id, room_id, error)
 
