@@ -39,6 +39,7 @@ UTTERANCE_S = 5.0  # mean utterance length until this gateway has measured its o
 SMOOTHING = 0.1  # of each beat's sample in the running means (about 10 s)
 REFUSED_LOG_S = 5.0  # a gateway that refuses says why at most this often
 CAPACITY_WINDOW_S = 30.0  # classes are planned on the workers' lowest capacity read over this long
+FIRST_READ_S = 0.2  # until a measured worker is known, joins read the fleet themselves, at most this often
 
 
 @dataclass
@@ -65,6 +66,8 @@ class Capacity:
         self._joins = 0  # students connected since the last beat
         self._refused_logged = -1e9
         self._capacities: deque[tuple[float, float, int]] = deque()  # (monotonic time, capacity, workers) of recent beats
+        self._reading = asyncio.Lock()  # one read of the fleet for a wave of joins (_until_measured)
+        self._read_at = -1e9
         self.stopped = False  # set before the task is cancelled (see run)
 
     async def run(self) -> None:
@@ -151,8 +154,25 @@ class Capacity:
                     f"utterances/s; the workers take {capacity:.1f}")
         return None
 
+    async def _until_measured(self) -> None:
+        """Before a beat has read a measured worker (the first second of a gateway, or a fleet
+        whose workers are still calibrating), a join reads the fleet itself: a class arriving
+        then would otherwise find recognition unplanned and be seated whole."""
+        if self._capacities:
+            return
+        async with self._reading:  # a read on its way counts for the joins that wait for it
+            if self._capacities or time.monotonic() - self._read_at < FIRST_READ_S:
+                return
+            self._read_at = time.monotonic()
+            try:
+                self.fleet = Load(*await self.sink.queue.fleet_load())
+            except UNREACHABLE:
+                return  # the queue's own check says so
+            self._remember_capacity(self.fleet, time.monotonic())
+
     async def refuse(self, room_id: str | None, adding: int = 1) -> str | None:
         """Why a new student (of `room_id`) should be turned away now, or None."""
+        await self._until_measured()
         reason = self.loop_full(adding) or self.recognition_full(adding) or await self.sink.busy(room_id)
         if reason and adding and time.monotonic() - self._refused_logged > REFUSED_LOG_S:
             self._refused_logged = time.monotonic()
