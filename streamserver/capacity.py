@@ -20,6 +20,7 @@ A student already seated (a reconnect) is never refused: admission only decides 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -83,8 +84,8 @@ class Capacity:
             try:
                 students = self.students()
                 await self.sink.queue.gateway_beat(self.name, {"students": students, "utt_per_s": round(self._rate, 4)})
-                self.fleet, self._told = Load(*await self.sink.queue.fleet_load()), students
-                self._remember_capacity(self.fleet, time.monotonic())
+                await self._read_fleet()
+                self._told = students
             except UNREACHABLE as error:  # the queue's own check says so to a join
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -164,11 +165,12 @@ class Capacity:
             if self._capacities or time.monotonic() - self._read_at < FIRST_READ_S:
                 return
             self._read_at = time.monotonic()
-            try:
-                self.fleet = Load(*await self.sink.queue.fleet_load())
-            except UNREACHABLE:
-                return  # the queue's own check says so
-            self._remember_capacity(self.fleet, time.monotonic())
+            with contextlib.suppress(*UNREACHABLE):  # the queue's own check says so
+                await self._read_fleet()
+
+    async def _read_fleet(self) -> None:
+        self.fleet = Load(*await self.sink.queue.fleet_load())
+        self._remember_capacity(self.fleet, time.monotonic())
 
     async def refuse(self, room_id: str | None, adding: int = 1) -> str | None:
         """Why a new student (of `room_id`) should be turned away now, or None."""

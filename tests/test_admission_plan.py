@@ -44,40 +44,23 @@ def test_a_class_arriving_before_the_first_beat_is_planned(redis_url):
     same: at most 0.4 x 1.0 / (0.1 / 5 s) = 20 seated, the rest answered busy. A real gateway app on a
     real Redis; the worker is its heartbeat (no one speaks)."""
     import asyncio
-    import contextlib
 
     import aiohttp
 
-    from streamserver.bus.keys import WORKERS, alive_key
     from streamserver.loadsim.clients import create_room, token_of
-    from streamserver.queue.redis_queue import RedisQueue
     from tests.server_process import ADMIN_TOKEN
-    from tests.test_seats import gateways, join_status
+    from tests.test_seats import gateways, join_status, live_worker, run
 
-    async def body() -> list[int]:
-        worker = RedisQueue(redis_url, worker="admission-test")
-        await worker.heartbeat({"utt_per_s": 0.0, "capacity": 1.0})
-        beating = asyncio.create_task(_beat(worker))
-        try:
-            async with gateways(redis_url, n=1, max_students=100) as [(url, _classroom)]:
-                async with aiohttp.ClientSession() as session:
-                    room = await create_room(session, url, ADMIN_TOKEN, "arriving class", max_students=100)
-                    token = token_of(room["student_url"])
-                    return list(await asyncio.gather(*(join_status(session, url, token, f"arriving-{i:02d}") for i in range(60))))
-        finally:
-            beating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beating
-            await worker.redis.hdel(WORKERS, worker.worker)
-            await worker.redis.delete(alive_key(worker.worker))
-            await worker.close()
+    statuses: list[int] = []
 
-    async def _beat(worker) -> None:  # noqa: ANN001
-        while True:
-            await asyncio.sleep(0.2)
-            await worker.heartbeat({"utt_per_s": 0.0, "capacity": 1.0})
+    async def body() -> None:
+        async with live_worker(redis_url, {"utt_per_s": 0.0, "capacity": 1.0}), \
+                gateways(redis_url, n=1, max_students=100) as [(url, _classroom)], aiohttp.ClientSession() as session:
+            room = await create_room(session, url, ADMIN_TOKEN, "arriving class", max_students=100)
+            token = token_of(room["student_url"])
+            statuses.extend(await asyncio.gather(*(join_status(session, url, token, f"arriving-{i:02d}") for i in range(60))))
 
-    statuses = asyncio.run(asyncio.wait_for(body(), 30))
+    run(body)
     # At most the plan's 20: joins on their way count until they are answered, so one refused
     # may keep the last seat of the plan free.
     assert 15 <= statuses.count(200) <= 20 and statuses.count(200) + statuses.count(503) == 60, statuses

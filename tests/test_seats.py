@@ -46,16 +46,18 @@ def run(body) -> None:
 
 
 @contextlib.asynccontextmanager
-async def live_worker(redis_url: str) -> AsyncIterator[None]:
-    """A worker's heartbeat, so that the gateways take students."""
+async def live_worker(redis_url: str, stats: dict | None = None) -> AsyncIterator[None]:
+    """A worker's heartbeat (`stats`: what it says of itself; by default 100 utterances/s), so
+    that the gateways take students."""
     queue = RedisQueue(redis_url, worker=f"seat-test-{uuid.uuid4().hex[:8]}")
+    stats = stats or {"utt_per_s": 100.0}
 
     async def beat() -> None:
         while True:
-            await queue.heartbeat({"utt_per_s": 100.0})
+            await queue.heartbeat(stats)
             await asyncio.sleep(0.2)
 
-    await queue.heartbeat({"utt_per_s": 100.0})
+    await queue.heartbeat(stats)
     task = asyncio.create_task(beat())
     try:
         yield

@@ -220,7 +220,7 @@ class AsrWorker:
             # On a CPU an utterance costs about its length, and admission counts students in
             # utterances of UTTERANCE_S until a gateway has measured its own: a shorter clip's rate
             # would seat a class its real utterances then overload.
-            audio_s = sum(len(speech[i % len(speech)]) for i in range(sizes[-1])) / SAMPLE_RATE
+            audio_s = sum(u.audio.size for _, u in batch) / SAMPLE_RATE
             self._rate *= audio_s / (sizes[-1] * UTTERANCE_S)
         log.info("recognition capacity: about %.1f utterances/s (%d rows in %.3f s)", self.capacity(), sizes[-1], seconds)
 
