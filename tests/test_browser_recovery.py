@@ -105,6 +105,7 @@ def lesson_track(tmp_path_factory) -> tuple[Path, list[str]]:
 # for the break's cost (errors_over): the issue's margin, measured against the words a break can
 # cost.
 BASELINE_RUNS = 3
+BASELINE_STAGGER_S = 15.0  # past a lesson's start (server, browser, pages, connection: 5-10 s here)
 MARGIN = 0.02
 # Each sentence on its own (errors_over's per_sentence): a flip that moves makes one sentence
 # 2 words worse than every run without a break ("ill disposed" in the second or third), and the
@@ -117,18 +118,21 @@ SENTENCE_MARGIN = 3
 @pytest.fixture(scope="module")
 def baseline(redis_url, tmp_path_factory, lesson_track) -> list[list[int]]:
     """Words wrong per sentence in each of BASELINE_RUNS runs of the track without any break.
-    The runs are side by side (a server and a browser each, one thread each: Playwright's sync
-    API is per thread): they are independent, and the track plays in real time whatever the
-    CPU does, so one after the other would only take three times as long."""
+    The runs overlap (a server and a browser each, one thread each: Playwright's sync API is per
+    thread): they are independent, and the track plays in real time whatever the CPU does, so
+    one after the other would only take three times as long. Each starts BASELINE_STAGGER_S
+    after the one before: three servers and browsers starting at once on 2 cores delay the
+    pages' connections enough to change how the track's first sentences are heard."""
     mic, texts = lesson_track
 
-    def run(folder: Path) -> list[str]:
+    def run(index: int, folder: Path) -> list[str]:
+        time.sleep(index * BASELINE_STAGGER_S)
         with ServerProcess("--redis-url", redis_url) as server:
             heard, _ = _lesson(server.url, folder, mic, len(texts), None)
         return heard
 
     with ThreadPoolExecutor(BASELINE_RUNS) as pool:
-        heards = list(pool.map(run, [tmp_path_factory.mktemp("baseline") for _ in range(BASELINE_RUNS)]))
+        heards = list(pool.map(run, range(BASELINE_RUNS), [tmp_path_factory.mktemp("baseline") for _ in range(BASELINE_RUNS)]))
     runs = []
     for heard in heards:
         assert match_sentences(texts, heard) == list(range(len(texts))), heard
