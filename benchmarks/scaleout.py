@@ -71,7 +71,48 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
 
 HINT_FAMILIES = ("streamserver_hints_total", "streamserver_partials_total", "streamserver_speculations_total",
                  "streamserver_utterances_total", "streamserver_recognition_seconds_total", "streamserver_batch_size_sum",
-                 "streamserver_batch_size_count", "streamserver_event_loop_lag_seconds_bucket")
+                 "streamserver_batch_size_count", "streamserver_event_loop_lag_seconds_bucket", "streamserver_worker_seconds_total")
+# Sampled from each worker once a second (report's worker_timeline): where its loop spent that second.
+WORKER_FAMILIES = ("streamserver_worker_seconds_total", "streamserver_recognition_seconds_total", "streamserver_partials_total",
+                   "streamserver_speculations_total", "streamserver_utterances_total", "streamserver_batch_size_count",
+                   "streamserver_batch_size_sum", "streamserver_engine_busy_ratio", "streamserver_queue_depth")
+
+
+def _read_metrics(url: str, families: tuple[str, ...], token: str | None = None) -> dict[str, float]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=5) as r:
+        text = r.read().decode()
+    return {name: float(value) for line in text.splitlines() if line.startswith(families)
+            for name, value in [line.rsplit(" ", 1)]}
+
+
+class WorkerTimeline(threading.Thread):
+    """Each worker's counters once a second, kept as what each grew by in that second (gauges as
+    read): which step of a worker's loop took a second in which the queue grew."""
+
+    def __init__(self, urls: dict[str, str]) -> None:
+        super().__init__(daemon=True)
+        self.urls, self.rows, self._done = urls, [], threading.Event()
+
+    def run(self) -> None:
+        started, last = time.monotonic(), {}
+        while not self._done.wait(1.0):
+            row = {"t": round(time.monotonic() - started, 1)}
+            for name, url in self.urls.items():
+                try:
+                    now = _read_metrics(url, WORKER_FAMILIES)
+                except OSError:
+                    continue
+                before = last.get(name, {})
+                row[name] = {k: round(v if k.startswith(("streamserver_engine_busy", "streamserver_queue_depth"))
+                                      else v - before.get(k, 0.0), 4) for k, v in now.items()}
+                last[name] = now
+            self.rows.append(row)
+
+    def stop(self) -> list[dict]:
+        self._done.set()
+        self.join(5)
+        return self.rows
 
 
 def _hint_counters(worker_urls: list[str], gateway_urls: list[str], token: str) -> dict[str, float]:
@@ -79,17 +120,13 @@ def _hint_counters(worker_urls: list[str], gateway_urls: list[str], token: str) 
     (a gateway's /metrics needs the admin token)."""
     totals: dict[str, float] = {}
     for url, auth in [*((u, None) for u in worker_urls), *((u, token) for u in gateway_urls)]:
-        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {auth}"} if auth else {})
         try:
-            with urllib.request.urlopen(request, timeout=5) as r:
-                text = r.read().decode()
+            counters = _read_metrics(url, HINT_FAMILIES, auth)
         except OSError as error:
             print(f"no metrics from {url}: {error}", file=sys.stderr, flush=True)
             continue
-        for line in text.splitlines():
-            if line.startswith(HINT_FAMILIES):
-                name, value = line.rsplit(" ", 1)
-                totals[name] = totals.get(name, 0.0) + float(value)
+        for name, value in counters.items():
+            totals[name] = totals.get(name, 0.0) + value
     return totals
 
 
@@ -190,6 +227,7 @@ def main() -> int:
                    "capacity (repeatable)")
     p.add_argument("--no-keep-audio", action="store_true",
                    help="the simulated students keep nothing (loadsim --no-keep-audio): what a break costs without it")
+    p.add_argument("--redis-args", default="", help="more redis-server options, as one string (a diagnosis)")
     p.add_argument("--no-aof", action="store_true",
                    help="Redis without its append-only file (a diagnosis: what the AOF costs; deployments keep it)")
     p.add_argument("--out", type=Path, required=True)
@@ -208,7 +246,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     logs = args.logs or args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    redis = RedisServer(persist_dir=None if args.no_aof else Path(tempfile.mkdtemp(prefix="scaleout-redis-"))).start()
+    redis = RedisServer(persist_dir=None if args.no_aof else Path(tempfile.mkdtemp(prefix="scaleout-redis-")),
+                        extra_args=tuple(shlex.split(args.redis_args))).start()
     _redis_call(redis.url, "CONFIG", "SET", "latency-monitor-threshold", str(REDIS_LATENCY_MS))
     procs: list[subprocess.Popen] = []
     started_at = time.monotonic()
@@ -263,6 +302,8 @@ def main() -> int:
                           **{f"worker-{i}": w.pid for i, (w, _) in enumerate(workers)},
                           "redis": redis.pid, "loadsim": sim.pid})
         cpu.start()
+        worker_timeline = WorkerTimeline({f"worker-{i}": f"http://127.0.0.1:{mport}/metrics" for i, (_, mport) in enumerate(workers)})
+        worker_timeline.start()
         profiles = _profile([("gateway-0", gateways[0][0].pid), ("worker-0", workers[0][0].pid)], logs, args.duration)
         killed = gateway_killed = None
         started = time.time()
@@ -289,6 +330,7 @@ def main() -> int:
                 killed["replacement_started_at_s"] = round(time.time() - started, 1)
         rc = sim.wait()
         cpu.stop()
+        worker_rows = worker_timeline.stop()
         for proc in profiles:
             proc.wait()
         counters = _hint_counters([f"http://127.0.0.1:{mport}/metrics" for w, mport in workers if w.poll() is None],
@@ -300,12 +342,13 @@ def main() -> int:
             "gateways": args.gateways, "workers": args.workers, "threads_per_worker": args.threads, "max_batch": args.max_batch, "model": args.model,
             "backend": args.backend, "worker_args": args.worker_args, "vad_hangover_ms": args.vad_hangover_ms or SegmenterConfig.hangover_ms,
             "loadsim_processes": args.loadsim_processes, "ready_after_s": ready_s,
-            "ort_spin": env.get("STREAMSERVER_ORT_SPIN", "0 (the worker default)"), "killed": killed, "gateway_killed": gateway_killed, "students_keep_audio": not args.no_keep_audio, "loadsim_exit": rc, "cpus": os.cpu_count(),
+            "ort_spin": env.get("STREAMSERVER_ORT_SPIN", "0 (the worker default)"), "killed": killed, "gateway_killed": gateway_killed, "students_keep_audio": not args.no_keep_audio, "redis_aof": not args.no_aof, "redis_args": args.redis_args, "loadsim_exit": rc, "cpus": os.cpu_count(),
             "command": " ".join(sys.argv),
         }
         report["cpu"] = cpu.summary()
         report["hint_counters"] = counters  # live captions and speculative finals, as the processes count them
         report["redis"] = _redis_stalls(redis.url)
+        report["worker_timeline"] = worker_rows
         report_path.write_text(json.dumps(report, indent=1))
         lat = report.get("latency_s", {})
         print(f"sent {report.get('utterances_sent')} received {report.get('transcripts_received')} "

@@ -23,6 +23,7 @@
 #   PROFILE=1: py-spy samples gateway-0 and worker-0 for the middle third (their stacks in the logs);
 #   PROFILE_FROM=0 with it: the first third (a fresh machine's first run has its slow batches there)
 #   NO_AOF=1: Redis without its append-only file (a diagnosis of what the AOF costs)
+#   REDIS_ARGS="...": more redis-server options (a diagnosis of Redis settings)
 #   PRETOUCH_GIB=N: before the run, write every page of N GiB at once, then free them (a diagnosis: does
 #   a fresh virtual machine's first touch of its memory make its first run slow?)
 #   INJECT=1: benchmarks/inject.py instead (no gateway, no simulated student): utterances at the rate of
@@ -179,7 +180,7 @@ fi
     --speak-ratio "$SPEAK_RATIO" --gateways "$GATEWAYS" --gateway-processes "$GATEWAY_PROCESSES" --loadsim-processes "$PROCESSES" --transport "$TRANSPORT" \
     --workers "$WORKERS" --threads "$THREADS" ${MAX_BATCH:+--max-batch "$MAX_BATCH"} --model "$MODEL" --backend "$BACKEND" \
     --worker-args="$WORKER_ARGS" --vad-hangover-ms "$HANGOVER_MS" --ready-timeout "$READY_TIMEOUT" \
-    ${NO_AOF:+--no-aof} --logs "$LOGS" --out "$OUT/$NAME"
+    ${NO_AOF:+--no-aof} --redis-args="${REDIS_ARGS:-}" --logs "$LOGS" --out "$OUT/$NAME"
 rc=$?
 # the clips' texts and transcripts travel in the logs' archive: the device tool returns 8 files
 [ -f "$OUT/$NAME/transcripts.json" ] && mv "$OUT/$NAME/transcripts.json" "$LOGS/"

@@ -59,6 +59,12 @@ class Metrics:
         self.speculations = Counter("streamserver_speculations", "speculative finals, by outcome (recognised; used_at_end: "
                                     "the final took it without recognition; used_by_worker; waited_for_in_vain: a final waited for a "
                                     "speculation that did not come, and was recognised)", ["outcome"], registry=r)
+        self.worker_seconds = Counter("streamserver_worker_seconds", "where a worker's loop spends its time, by step "
+                                      "(read: waiting for jobs; speculations: looking up finals' speculations; riders: "
+                                      "taking hints for a finals' batch; recognition: engine and labels of finals' batches; "
+                                      "publication_wait: for the batch before's publication; hints: passes of hints alone, "
+                                      "their publication included; deferred: finals waiting for a speculation) and "
+                                      "publication (finals' batches published, beside the loop)", ["step"], registry=r)
         self.engine_busy = Gauge("streamserver_engine_busy_ratio", "share of the last seconds the engine was recognising",
                                  registry=r)
         self.loop_lag = Histogram("streamserver_event_loop_lag_seconds", "how late the event loop wakes from a 0.1 s sleep",

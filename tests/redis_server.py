@@ -45,9 +45,10 @@ class RedisServer:
     reconnect to a restarted server; with `persist_dir` it keeps an append-only file there,
     so data survives the restart."""
 
-    def __init__(self, port: int | None = None, persist_dir: Path | str | None = None) -> None:
+    def __init__(self, port: int | None = None, persist_dir: Path | str | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self.port = port or free_port()
         self.persist_dir = Path(persist_dir) if persist_dir is not None else None
+        self.extra_args = extra_args  # more redis-server options, e.g. ("--no-appendfsync-on-rewrite", "yes")
         self._proc: subprocess.Popen[bytes] | None = None
         self._log = tempfile.TemporaryFile()  # a file, not a pipe: a full pipe would block redis
 
@@ -73,6 +74,7 @@ class RedisServer:
             args += ["--appendonly", "yes", "--dir", str(self.persist_dir)]
         else:
             args += ["--appendonly", "no"]
+        args += self.extra_args
         self._proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
         self._wait_ready(timeout_s)
         return self

@@ -23,9 +23,11 @@ from streamserver.bus.redis import RedisBus
 from streamserver.events import TranscriptEvent, TranscriptPartialEvent, Utterance, audio_digest, now
 from streamserver.metrics import Metrics
 from streamserver.queue.base import Speculation
+from streamserver.queue.jobs import pcm16
 from streamserver.queue.memory_queue import MemoryQueue
 from streamserver.queue.redis_queue import RedisQueue
 from streamserver.queue.sink import UtteranceSink
+from tests.redis_server import RedisServer
 from tests.test_pipeline import collected, run, until
 from tests.takers import SpeechList
 
@@ -107,6 +109,11 @@ async def hint_rules(queue, publisher_bus) -> None:  # noqa: ANN001 - either que
     taken = await queue.take_hints(10)
     assert [(h.utterance_id, h.revision) for h in taken] == [(PREFIX + "a", 2), (PREFIX + "b", 1)]
     assert await queue.take_hints(10) == []
+    # a student who has just begun to speak gets a first caption before a captioned one its next
+    await queue.offer(hint("a", "partial", 3))
+    await queue.offer(hint("e", "partial", 1))
+    assert [h.utterance_id for h in await queue.take_hints(1)] == [PREFIX + "e"]
+    assert [(h.utterance_id, h.revision) for h in await queue.take_hints(10)] == [(PREFIX + "a", 3)]
     # the final makes its hint pointless; a published utterance takes no more
     await queue.offer(hint("d", "partial", 1))
     final = hint("d", "final")
@@ -183,6 +190,42 @@ def test_redis_hints_send_each_sample_of_their_utterance_once(redis_url, librivo
             await queue.close()
 
     run(body())
+
+
+def test_hints_stay_out_of_the_append_only_file(tmp_path, librivox):
+    """Hints are best effort: Redis holds their audio for the workers but writes it neither to
+    its append-only file nor to replicas (with 10,000 students speaking it was nearly all Redis
+    wrote). A final's job is written as always; after a restart the hint audio is gone and the
+    gateway's next hint sends the utterance's audio from its start."""
+    _, clip, _ = librivox[1]
+    server = RedisServer(persist_dir=tmp_path / "aof").start()
+
+    async def body() -> None:
+        queue = RedisQueue(server.url)
+        raw = redis.Redis.from_url(server.url)
+        first, key = hint("aofhint", "partial", 1, seconds=1.0), hint_audio_key(PREFIX + "aofhint")
+        try:
+            await queue.offer(first)
+            assert raw.strlen(key) == 2 * first.audio.size  # held for the workers
+            final = Utterance(PREFIX + "aofjob", "hints", "s-final", "Bo", "en", clip, now() - 3, now())
+            await queue.submit(final)
+            await asyncio.sleep(0.5)  # the AOF is written each event loop turn, synced each second
+            logged = b"".join(f.read_bytes() for f in (tmp_path / "aof").rglob("*.aof"))
+            assert final.utterance_id.encode() in logged  # the job, durable
+            assert pcm16(first.audio)[:64] not in logged and first.utterance_id.encode() not in logged
+            server.stop()
+            server.start()
+            second = hint("aofhint", "partial", 2, seconds=2.0)
+            await queue.offer(second)  # Redis holds less than this gateway sent: all of it again
+            assert raw.strlen(key) == 2 * second.audio.size
+        finally:
+            raw.close()
+            await queue.close()
+
+    try:
+        run(body())
+    finally:
+        server.stop()
 
 
 def speak(audio_of: StudentAudio, audio: np.ndarray):  # noqa: ANN201 - a coroutine
@@ -340,6 +383,19 @@ class CheapRowsEngine(SlowEngine):
     def transcribe_batch(self, audios, language=None, prompt=None):  # noqa: ANN001, ANN201 - Engine's
         self.batches.append(len(audios))
         return super().transcribe_batch(audios, language, prompt)
+
+
+def test_hint_passes_are_sized_by_full_batches_where_rows_are_cheap(tiny_engine):
+    """A GPU worker whose last passes were small (3 rows in 20 ms: 150 utterances/s) still takes
+    a full HINT_BUDGET_S of hints at its capacity in its next pass; on a CPU a row costs its own
+    time, and the rate is the capacity."""
+    queue = MemoryQueue(OrderedPublisher(MemoryBus()))
+    gpu = AsrWorker(CheapRowsEngine(tiny_engine), queue, None, max_batch=64)
+    gpu._rate, gpu._batch_rows = 150.0, 3.0
+    assert gpu.hint_batch_size() == 64
+    cpu = AsrWorker(SlowEngine(tiny_engine, 0.0), queue, None, max_batch=64)
+    cpu._rate, cpu._batch_rows = 20.0, 1.0
+    assert cpu.hint_batch_size() == 2
 
 
 def test_speculations_ride_along_with_the_finals_where_rows_are_cheap(tiny_engine, librivox, redis_url):

@@ -38,7 +38,8 @@ import logging
 import secrets
 import time
 from collections import Counter, OrderedDict, deque
-from typing import Awaitable, Coroutine
+from contextlib import contextmanager
+from typing import Awaitable, Coroutine, Iterator
 
 from engines.engine import Engine
 from engines.features import SAMPLE_RATE
@@ -255,7 +256,8 @@ class AsrWorker:
     async def _loop(self) -> None:
         while True:
             if self._deferred:
-                await self._settle_deferred()
+                with self._step("deferred"):
+                    await self._settle_deferred()
             size = self.batch_size()  # once: a read and the batch it feeds agree
             hints = self.hint_kinds()
             if not self.buffer:
@@ -265,7 +267,8 @@ class AsrWorker:
                 if self._deferred:
                     block_ms = min(block_ms, DEFERRED_POLL_MS)
                 try:
-                    self.buffer += await self.queue.read(size, block_ms)
+                    with self._step("read"):
+                        self.buffer += await self.queue.read(size, block_ms)
                 except UNREACHABLE as error:
                     self.ready = False
                     log.warning("queue unavailable (%s)", error)
@@ -273,7 +276,8 @@ class AsrWorker:
                     continue
             if not self.buffer:
                 if hints is not None:  # partials too while they would ride (a GPU with headroom)
-                    await self._take_hints(hints or self.partial_riders())
+                    with self._step("hints"):
+                        await self._take_hints(hints or self.partial_riders())
                 else:
                     self._hints_waiting = False
                 continue
@@ -330,9 +334,12 @@ class AsrWorker:
                    if essential or with_partials) / BUSY_WINDOW_S
 
     def hint_batch_size(self) -> int:
+        """As many hints as the engine gets through in HINT_BUDGET_S at full batches (capacity()):
+        where rows are cheap (a GPU), the rate of recent passes is low when they were small, and
+        a size taken from it would keep them small on a busy host."""
         if self._rate <= 0:
             return min(self.max_batch, 2)
-        return max(1, min(self.max_batch, int(self._rate * HINT_BUDGET_S)))
+        return max(1, min(self.max_batch, int(self.capacity() * HINT_BUDGET_S)))
 
     async def _transcribe(self, batch: list[Entry]) -> None:
         """Recognise a batch and publish its results (and any before them)."""
@@ -348,25 +355,42 @@ class AsrWorker:
         now = time.time()
         if any(now - at > FINAL_WAIT_S for entry_id, _ in batch if (at := queued_at(entry_id)) is not None):
             self._waited = time.monotonic()
-        batch, waiting = await self._from_speculations(batch)
+        with self._step("speculations"):
+            batch, waiting = await self._from_speculations(batch)
         self._deferred.update((entry[0], entry) for entry in waiting)
         if not batch:
             return self._publishing
-        riders = await self._riders(batch)
+        with self._step("riders"):
+            riders = await self._riders(batch)
         started = time.perf_counter()
         # The labels in line: labelling beside the next engine batch (a thread of its own) takes
         # more of a saturated host's cores and makes every final later. The riders' results are
         # kept before the finals are published: a speculation is of use only before its hangover
         # ends, a final is late already (figures in benchmarks/README.md, "Figures behind choices
         # in the code").
-        results = await self.recogniser.run(batch + riders)
+        with self._step("recognition"):
+            results = await self.recogniser.run(batch + riders)
         self._worked(started, batch + riders)
         if self._publishing is not None and not self._publishing.done():
-            await asyncio.wait({self._publishing})
+            with self._step("publication_wait"):
+                await asyncio.wait({self._publishing})
         if self._publishing is not None and self._publishing.done() and not self._publishing.cancelled() \
                 and (error := self._publishing.exception()) is not None:
             raise error
-        return self._chain(self._publish_batch(results), batch)
+        return self._chain(self._timed("publication", self._publish_batch(results)), batch)
+
+    @contextmanager
+    def _step(self, step: str) -> Iterator[None]:
+        """The time of a step of the loop, awaits included (streamserver_worker_seconds_total)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.metrics.worker_seconds.labels(step=step).inc(time.perf_counter() - started)
+
+    async def _timed(self, step: str, work: Awaitable[None]) -> None:
+        with self._step(step):
+            await work
 
     def _chain(self, publication: Coroutine[None, None, None], entries: list[Entry]) -> asyncio.Task[None]:
         """`publication` run once the publications started before it are over."""

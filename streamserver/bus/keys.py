@@ -24,13 +24,14 @@ Recognition jobs
                           (Utterance.source: whose share of the room's queue, queue/fair.py)
   asr:room_jobs:<room>    list of the room's jobs not yet published, oldest first: "<stream id>
                           <JSON place>" (redis_queue.py): the one that gives way at the room's bound
-Hints (best effort, lost with Redis: nothing of them is durable)
+Hints (best effort, lost with Redis: neither logged to its append-only file nor replicated)
   asr:hints               hash utterance -> its newest hint, without its audio (queue/jobs.py
                           pack_hint_head)
   asr:hintpcm:<utterance> the utterance's audio so far (PCM16) for its hints: each hint appends
                           only what the last one did not hold (queue/redis_queue.py)
   asr:hint_order          sorted set utterance -> when offered (epoch s; speculative ones minus
-                          SPECULATIVE_FIRST, so that they come first)
+                          SPECULATIVE_FIRST, so that they come first; an utterance's first
+                          caption minus FIRST_CAPTION_AHEAD_S, so that it goes before revisions)
   asr:spec:<utterance>    a speculative result waiting for its final (queue/base.py Speculation)
 
 On a Redis Cluster (KeyLayout with CLUSTER_SHARDS shards, docs/redis.md) every key above but the
@@ -59,6 +60,11 @@ BACKLOG = "asr:backlog"
 HINTS = "asr:hints"
 HINT_ORDER = "asr:hint_order"
 SPECULATIVE_FIRST = 1e10  # seconds: subtracted from a speculative hint's score
+# Seconds subtracted from the score of an utterance's first hint: when captions are more than the
+# workers take, a student who has just begun to speak gets a caption before those who have one
+# get their next (a revision waits one turn longer instead). HINT_MAX_AGE_S: no revision in line
+# is older.
+FIRST_CAPTION_AHEAD_S = 5.0
 
 
 def hint_audio_key(utterance_id: str) -> str:

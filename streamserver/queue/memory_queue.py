@@ -51,6 +51,7 @@ class MemoryQueue:
         self._gateway = (0, 0.0)  # (students, finals/s) of this process, its gateway part (capacity.py)
         # utterance id -> (its newest hint, monotonic time offered); a replaced hint keeps its place
         self._hints: OrderedDict[str, tuple[Utterance, float]] = OrderedDict()
+        self._hinted: OrderedDict[str, None] = OrderedDict()  # utterances a worker took a hint of, the newest
         self._speculations: OrderedDict[str, tuple[Speculation, float]] = OrderedDict()
         # (room, student clock) -> spans queued, on that clock (sent_spans)
         self._sent: OrderedDict[tuple[str, str], list[tuple[float, float]]] = OrderedDict()
@@ -109,10 +110,16 @@ class MemoryQueue:
         oldest = time.monotonic() - HINT_MAX_AGE_S
         for uid in [uid for uid, (_, at) in self._hints.items() if at < oldest]:
             del self._hints[uid]
-        kinds = ("speculative", "partial") if partials else ("speculative",)
-        taken = [u for kind in kinds for u, _ in self._hints.values() if u.kind == kind][:count]
+        # Speculative ones first, then utterances' first captions, then revisions (as in Redis:
+        # bus/keys.py FIRST_CAPTION_AHEAD_S), each in the order offered.
+        ranks = {"speculative": 0, "partial": 1} if partials else {"speculative": 0}
+        held = [u for u, _ in self._hints.values() if u.kind in ranks]
+        taken = sorted(held, key=lambda u: (ranks[u.kind], u.utterance_id in self._hinted))[:count]
         for u in taken:
             del self._hints[u.utterance_id]
+            self._hinted[u.utterance_id] = None
+        while len(self._hinted) > HINTS_MAX:
+            self._hinted.popitem(last=False)
         return taken
 
     async def keep_speculations(self, speculations: dict[str, Speculation]) -> None:

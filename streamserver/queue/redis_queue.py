@@ -32,7 +32,7 @@ from redis.exceptions import ResponseError
 
 from streamserver.bus.connect import REDIS_FAILURES as UNREACHABLE_ERRORS, Replication, is_cluster, redis_client, topology
 from streamserver.bus.keys import (
-    CLUSTER_SHARDS, HISTORY_FIELD, JOB_GROUP, SPECULATIVE_FIRST, TRANSCRIPT_RETENTION_S, KeyLayout, backlog_fields,
+    CLUSTER_SHARDS, FIRST_CAPTION_AHEAD_S, HISTORY_FIELD, JOB_GROUP, SPECULATIVE_FIRST, TRANSCRIPT_RETENTION_S, KeyLayout, backlog_fields,
     is_final_transcript,
 )
 from streamserver.config import Settings
@@ -138,17 +138,22 @@ return {id, displaced}
 
 # Keep an utterance's newest hint, unless it is published already or HINTS_MAX wait. A partial
 # that replaces a partial keeps its place in line (students are served in turn); a speculative
-# hint goes to the front. Its audio is not in the hint: an utterance's hints hold the speech so
-# far, each a prefix of the next, so the hint audio key gets only what it does not hold yet
-# (whatever order two offers come in), and each sample goes through Redis, and its append-only
-# file, once. Sent whole, the hints of a 5 s utterance would carry ~17 s of audio, and 4,000
-# students' hints ~40 MB/s into the AOF (benchmarks/README.md, "4,000 WebSocket students with
-# captions"). KEYS: hints, hint order, done, hint audio;
+# hint goes to the front, an utterance's first ahead of the others (offer() scores them). Its
+# audio is not in the hint: an utterance's hints hold the speech so far, each a prefix of the
+# next, so the hint audio key gets only what it does not hold yet (whatever order two offers
+# come in), and each sample goes through Redis once. Sent whole, the hints of a 5 s utterance
+# would carry ~17 s of audio. Hints are best effort, so their writes go neither to the
+# append-only file nor to replicas (REPL_NONE): with 10,000 students speaking, logging their
+# audio made Redis hold the fleet's finals now and then (benchmarks/README.md, "10,000
+# students: captions in turn, hints unlogged"). A Redis restarted or failed over holds none, and
+# a gateway then sends an utterance's audio from its start (-1 below).
+# KEYS: hints, hint order, done, hint audio;
 # ARGV: utterance id, hint head, score, speculative (1/0), HINTS_MAX, byte offset of the audio
 # piece, the piece, audio TTL (s). 1: offered; 2: the queue of hints is full (the piece kept);
 # 0: published already; -1: the key holds less than the piece's offset (it expired): send the
 # audio from 0.
 _OFFER = """
+redis.set_repl(redis.REPL_NONE)
 if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 local have, offset, piece = redis.call('STRLEN', KEYS[4]), tonumber(ARGV[6]), ARGV[7]
 if have < offset then return -1 end
@@ -166,6 +171,7 @@ return 1
 # comes with its utterance's audio so far (hint audio key = ARGV[4] .. id): head, audio, head, ...
 # KEYS: hints, hint order.
 _TAKE_HINTS = """
+redis.set_repl(redis.REPL_NONE)
 local ids = {}
 if ARGV[2] == '1' then
   local popped = redis.call('ZPOPMIN', KEYS[2], ARGV[1])
@@ -369,7 +375,8 @@ class RedisQueue:
     async def offer(self, hint: Utterance) -> None:
         uid, speculative = hint.utterance_id, hint.kind == "speculative"
         shard = self._note(uid, hint.room_id)
-        score = now() - (SPECULATIVE_FIRST if speculative else 0.0)
+        first = uid not in self._hint_audio  # its first hint from here (a student speaks through one gateway)
+        score = now() - (SPECULATIVE_FIRST if speculative else FIRST_CAPTION_AHEAD_S if first else 0.0)
         keys = [self.keys.hints(shard), self.keys.hint_order(shard), self.keys.done(shard, uid), self.keys.hint_audio(shard, uid)]
         head = pack_hint_head(hint)
 
