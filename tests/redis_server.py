@@ -6,6 +6,7 @@ session fixture `redis_url`. RedisServer itself is for tests that stop/restart t
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -38,6 +39,28 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports_in_a_row(count: int) -> int:
+    """The first of `count` consecutive ports free now, below Linux's ephemeral range (32768 on):
+    a port the OS picks (free_port) may have its neighbour taken at any moment by some client
+    connection's local port, as a gateway's second child's metrics port once was."""
+    rng = random.Random()
+    for _ in range(1000):
+        first = rng.randrange(20_000, 32_000 - count)
+        held = []
+        try:
+            for port in range(first, first + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError(f"no {count} free ports in a row below 32000")
 
 
 class RedisServer:

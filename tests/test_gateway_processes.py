@@ -14,6 +14,7 @@ from pathlib import Path
 
 from benchmarks.scoring import wer
 from streamserver.loadsim.scenario import CLIPS_DIR
+from tests.redis_server import free_ports_in_a_row
 from tests.server_process import free_port
 from tests.test_gateway import ADMIN_TOKEN, Proc, _get, _wait, open_student, pcm_of, say
 
@@ -70,7 +71,7 @@ async def a_class(url: str, students: int, clip: Path) -> tuple[list[dict], str]
 
 
 def test_two_gateway_processes_share_a_port_and_a_class(redis_url, tmp_path):
-    port, metrics_port, worker_port = free_port(), free_port(), free_port()
+    port, metrics_port, worker_port = free_port(), free_ports_in_a_row(2), free_port()
     url = f"http://127.0.0.1:{port}"
     worker = Proc(tmp_path / "worker.log", "worker", "--redis-url", redis_url, "--threads", "1",
                   "--metrics-port", str(worker_port))
