@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import ssl
-import socket
 import subprocess
 import sys
 import time
@@ -12,13 +11,9 @@ import urllib.request
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from tests.redis_server import free_port
+
 ADMIN_TOKEN = "test-admin-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:

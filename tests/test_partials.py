@@ -398,6 +398,20 @@ def test_hint_passes_are_sized_by_full_batches_where_rows_are_cheap(tiny_engine)
     assert cpu.hint_batch_size() == 2
 
 
+def test_caption_passes_leave_the_planned_capacity_alone(tiny_engine):
+    """Admission plans classes on the worker's rate (capacity()): a pass of captions alone, on a
+    CPU three times cheaper a row than a final, moves the busy window but not the rate; the
+    finals' passes do."""
+    worker = AsrWorker(SlowEngine(tiny_engine, 0.0), MemoryQueue(OrderedPublisher(MemoryBus())), None)
+    worker._rate, worker._batch_rows = 5.0, 1.0
+    caption = ("", Utterance("u-caption", "r", "s", "S", "en", np.zeros(16000, np.float32), 0.0, 0.0, kind="partial"))
+    worker._worked(time.perf_counter() - 0.05, [caption], essential=False)
+    assert worker.capacity() == 5.0 and len(worker._busy) == 1
+    final = ("1-0", Utterance("u-final", "r", "s", "S", "en", np.zeros(16000, np.float32), 0.0, 0.0))
+    worker._worked(time.perf_counter() - 0.5, [final])
+    assert 4.0 < worker.capacity() < 5.0  # 2 rows/s measured, smoothed
+
+
 def test_speculations_ride_along_with_the_finals_where_rows_are_cheap(tiny_engine, librivox, redis_url):
     """On a GPU the queue always holds finals under load, so a speculation taken only between
     batches would never be ready in time: it rides in the finals' batch instead, and its final

@@ -496,9 +496,15 @@ class AsrWorker:
         return [r for r in results if r[1] is not None and r[1].text]
 
     def _worked(self, started: float, entries: list[Entry], essential: bool = True) -> None:
+        """The engine's time on `entries`, in the busy window; the rate (capacity, what admission
+        plans classes on) moves only with essential work, the finals and speculations: a pass of
+        captions alone is spare time's work, and on a CPU its shorter window runs about three
+        times the rows a second that finals do (engines/policy.py, CAPTION_WINDOWS), so counted
+        it would seat classes that the finals then overload."""
         seconds = time.perf_counter() - started
-        self._rate = 0.8 * self._rate + 0.2 * (len(entries) / max(seconds, 1e-3))
-        self._batch_rows = 0.8 * self._batch_rows + 0.2 * len(entries)
+        if essential:
+            self._rate = 0.8 * self._rate + 0.2 * (len(entries) / max(seconds, 1e-3))
+            self._batch_rows = 0.8 * self._batch_rows + 0.2 * len(entries)
         end = time.monotonic()
         self._busy.append((end - seconds, end, essential))
         if seconds > SLOW_BATCH_S:  # on a CPU every utterance costs about that: said at debug level there
