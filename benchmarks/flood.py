@@ -210,8 +210,10 @@ def _latencies(dashboard: Dashboard, student_id: str, after: float, before: floa
             if t["student_id"] == student_id and after <= t["end_of_speech_ts"] < before]
 
 
-def _dropped(dashboard: Dashboard, student_id: str) -> int:
-    return sum(1 for e in dashboard.events if e["type"] == "utterance_dropped" and e.get("student_id") == student_id)
+def _dropped(dashboard: Dashboard, student_id: str, others: bool = False) -> int:
+    """The room's dropped utterances of `student_id` (`others`: of every other student)."""
+    return sum(1 for e in dashboard.events
+               if e["type"] == "utterance_dropped" and (e.get("student_id") == student_id) != others)
 
 
 async def _all_heard(dashboards: list[tuple[Dashboard, str, int]], within_s: float) -> None:
@@ -288,7 +290,7 @@ async def run_parallel(url: str, admin_token: str, pid: int, streams: int = 100,
         "link": link, "streams": streams, "rate": rate, "flood_s": flood_s,
         "flood": {"outcomes": outcomes, "audio_sent_s": round(sum(f["audio_s"] for f in flooded), 1)},
         "room_a": {"clips_spoken": a_idle + a_spoken, "transcripts": sum(1 for t in dash_a.transcripts() if t["student_id"] == a_id),
-                   "dropped": _dropped(dash_a, a_id)},
+                   "dropped": _dropped(dash_a, a_id), "flood_dropped": _dropped(dash_a, a_id, others=True)},
         "room_b": {"clips_spoken": b_idle + b_spoken, "transcripts": sum(1 for t in dash_b.transcripts() if t["student_id"] == b_id),
                    "dropped": _dropped(dash_b, b_id), "latency_idle_s": b_at_idle, "latency_flood_s": b_in_flood,
                    "mean_idle_s": mean(b_at_idle), "mean_flood_s": mean(b_in_flood),

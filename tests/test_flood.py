@@ -44,15 +44,20 @@ def test_a_hundred_paced_streams_of_one_link_leave_both_rooms_every_utterance(se
     """Issue 33: 100 parallel streams of one link of room A, each at 1.4x real time (under the
     pacing) for 30 s, from one address; a real student speaks in room A and one in room B, each
     from an address of its own. A per-student link seats one student: every stream but the last
-    is replaced (4001). The shared link seats all 100 at its defaults; their address holds the
-    most of room A's queue, so at the room's bound its utterances give way, never the real
+    is replaced (4001). The shared link seats the streams as admission plans them (on this 2-core
+    box about 100 students at the default planning figure: all 100, or all but a few answered
+    busy, 503); their address holds the most of room A's queue, so at the room's bound its
+    utterances give way (some of them dropped: the flood did reach the bound), never the real
     student's. Either way both real students get every clip transcribed and none dropped, room
     B's mean latency stays within 1.5x of its own before the flood, and the server's memory 10 s
     after the flood is within 1.25x of before it."""
     result = asyncio.run(run_parallel(server.url, ADMIN_TOKEN, server.proc.pid, streams=100, flood_s=30.0, rate=1.4,
                                       link=link))
-    outcomes = {"closed 4001": 99, "sent to the end": 1} if link == "per-student" else {"sent to the end": 100}
-    assert result["flood"]["outcomes"] == outcomes, result["flood"]
+    if link == "per-student":
+        assert result["flood"]["outcomes"] == {"closed 4001": 99, "sent to the end": 1}, result["flood"]
+    else:
+        assert set(result["flood"]["outcomes"]) <= {"sent to the end", "refused 503"}, result["flood"]
+        assert result["room_a"]["flood_dropped"] > 0, result["room_a"]
     for room in ("room_a", "room_b"):
         assert result[room]["transcripts"] == result[room]["clips_spoken"] >= 8 and result[room]["dropped"] == 0, result
     assert result["room_b"]["latency_flood_s"] and result["room_b"]["latency_ratio"] <= 1.5, result["room_b"]
