@@ -31,6 +31,8 @@
 #   and INJECTORS=4 injector processes; ROOMS_ARG rooms (default one per 125 students); PROFILE=1 there
 #   samples worker-0 ($NAME/worker-0.pyspy.txt); STUB_ENGINE=S: workers with a stand-in engine that
 #   sleeps S a batch (benchmarks/stub_worker.py: the worker's own CPU alone)
+#   ENGINE=1: benchmarks/engine_ceiling.py instead: the GPU engine alone (ENGINE_ARGS: its flags); ENGINE_OLD=DIR
+#   with it: first the same on DIR/engines (another build's engines/ folder, carried with the tree)
 #   WARM_LIBS=1: before the run, read torch's and CUDA's shared libraries once (a diagnosis: CUDA
 #   loads a kernel from them at its first use, CUDA_MODULE_LOADING=LAZY; on a fresh machine those
 #   files are not in the page cache yet). CUDA_MODULE_LOADING=EAGER (passed on to the worker)
@@ -156,6 +158,16 @@ if [ "${PROFILE:-0}" = 1 ]; then  # py-spy samples worker-0 (and gateway-0 where
     for b in "$SITE/bin/py-spy" "$(command -v py-spy)"; do [ -x "$b" ] && export SCALEOUT_PYSPY=$b && break; done
     [ -n "${PROFILE_FROM:-}" ] && export SCALEOUT_PYSPY_FROM=$PROFILE_FROM
     say "profiling with ${SCALEOUT_PYSPY:-(no py-spy found)}"
+fi
+if [ "${ENGINE:-0}" = 1 ]; then  # the GPU engine alone on the simulator's clips: benchmarks/engine_ceiling.py
+    say "the $MODEL engine alone: phases, batches and in-flight rates (${ENGINE_ARGS:-defaults})"
+    if [ -n "${ENGINE_OLD:-}" ]; then  # another build's engines/ (a copy of the folder) first, in the same call
+        PYTHONPATH=$ENGINE_OLD:$PYTHONPATH "$PYTHON" -m benchmarks.engine_ceiling --model "$MODEL" --out "$OUT/$NAME/old" ${ENGINE_ARGS:-} \
+            || fail "benchmarks.engine_ceiling on $ENGINE_OLD"
+    fi
+    "$PYTHON" -m benchmarks.engine_ceiling --model "$MODEL" --out "$OUT/$NAME" ${ENGINE_ARGS:-} || fail "benchmarks.engine_ceiling"
+    say "done; results in $OUT/$NAME"
+    exit 0
 fi
 if [ "${INJECT:-0}" = 1 ]; then  # the fleet's middle alone: benchmarks/inject.py over a local cluster
     SHARDS=${SHARDS:-3}; INJECTORS=${INJECTORS:-4}

@@ -1,0 +1,119 @@
+"""Where a GPU worker's engine spends its time on the load simulator's clips, and how many
+utterances a second it sustains: the figures behind the fleet's ceiling (benchmarks/README.md,
+"The fleet's middle alone").
+
+On a CUDA machine, after scaleout_device.sh has installed its payload (ENGINE=1 there runs this):
+    python -m benchmarks.engine_ceiling --out DIR [--model tiny.en] [--policies pad30-zero min20s-zero]
+    PYTHONPATH=OLD:$PYTHONPATH python -m benchmarks.engine_ceiling --out DIR/old   # OLD/engines: another build's
+
+For each encoder policy: one engine, warmed up as a worker warms it; then per batch size the
+phases of one batch (gpu_bench.phases: voicing, log-mel, encoder, decoding, each waited for)
+and the whole batch's wall time as the worker calls it (transcribe_batch, p50 of --repeats);
+for the first policy a kernel table of the largest batch, and (--rates) in-flight arrivals at a
+sweep of rates (gpu_bench.inflight_sweep). Each batch's transcripts are kept, to compare builds.
+Timing only: the policies' error rates are measured on the CPU (benchmarks/encoder_length.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.gpu_bench import _log, _sync, inflight_sweep, phases
+
+
+def _clips() -> list[np.ndarray]:
+    from streamserver.loadsim.scenario import load_clips
+
+    return [np.frombuffer(c.pcm, "<i2").astype(np.float32) / 32768.0 for c in load_clips()]
+
+
+def _batch(clips: list[np.ndarray], size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    return [clips[i] for i in rng.integers(0, len(clips), size)]
+
+
+def measure(model: str, policy: str, batches: list[int], repeats: int, rates: list[int], seconds: float,
+            out: Path, first: bool, device: str = "cuda", save: Any = None) -> dict[str, Any]:
+    """One policy's figures; `save(result)` after each batch, so that a run cut short keeps what it measured."""
+    import torch
+
+    from engines.loading import load_engine
+
+    started = time.perf_counter()
+    if device == "cuda":
+        engine = load_engine(model, "torch-cuda", policy=policy)
+    else:  # a check of this script on a machine without a GPU
+        from engines.gpu.engine import TorchCudaEngine
+        from engines.policy import POLICIES
+        from engines.tokenizer import WhisperTokenizer
+        from engines.weights import load_weights
+
+        w = load_weights(model)
+        tok = WhisperTokenizer.load(w.folder, w.config, w.dims.n_vocab)
+        engine = TorchCudaEngine(model, w, tok, POLICIES[policy], device=torch.device(device), slots=64)
+    engine.warmup()
+    result: dict[str, Any] = {"model": model, "policy": policy, "load_and_warmup_s": round(time.perf_counter() - started, 1)}
+    _log(f"{model} {policy}: loaded and warmed up in {result['load_and_warmup_s']} s")
+    clips = _clips()
+    result["clips"] = {"count": len(clips), "mean_s": round(float(np.mean([c.size for c in clips])) / 16000, 3)}
+    rng = np.random.default_rng(0)
+    rows: list[dict[str, Any]] = []
+    result["batches"] = rows
+    for size in batches:
+        audios = _batch(clips, size, rng)
+        trace = out / f"kernels-{model}-{policy}-b{size}.txt" if first and size == max(batches) else None
+        row = phases(engine, audios, "en", trace)
+        times = []
+        for _ in range(repeats):
+            _sync()
+            t = time.perf_counter()
+            texts = [r.text for r in engine.transcribe_batch(audios, "en")]
+            _sync()
+            times.append(time.perf_counter() - t)
+        row["texts"] = texts  # to compare two builds' transcripts of the same batch
+        row["batch_p50_ms"] = round(float(np.percentile(times, 50)) * 1000, 2)
+        row["batch_utt_s"] = round(size / float(np.percentile(times, 50)), 1)
+        _log(f"{policy} batch {size}: {row['batch_p50_ms']} ms, {row['batch_utt_s']} utt/s")
+        rows.append(row)
+        if save:
+            save(result)
+    if rates:
+        result["inflight"] = inflight_sweep(engine, clips, tuple(rates), seconds)
+    if torch.cuda.is_available():
+        result["gpu_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    del engine
+    torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--model", default="tiny.en")
+    p.add_argument("--policies", nargs="+", default=["pad30-zero"])
+    p.add_argument("--batches", type=int, nargs="+", default=[64, 128, 256])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--rates", type=int, nargs="*", default=[], help="in-flight arrivals at these rates (utt/s)")
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--device", default="cuda", help="cpu only to check the script itself")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+
+    def save(current: dict[str, Any]) -> None:
+        (args.out / "engine-ceiling.json").write_text(json.dumps(results + [current], indent=1))
+
+    for i, policy in enumerate(args.policies):
+        results.append(measure(args.model, policy, args.batches, args.repeats, args.rates if i == 0 else [],
+                               args.seconds, args.out, i == 0, args.device, save))
+        (args.out / "engine-ceiling.json").write_text(json.dumps(results, indent=1))
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
