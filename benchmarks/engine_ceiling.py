@@ -42,20 +42,18 @@ def measure(model: str, policy: str, batches: list[int], repeats: int, rates: li
     """One policy's figures; `save(result)` after each batch, so that a run cut short keeps what it measured."""
     import torch
 
-    from engines.loading import load_engine
+    from engines.gpu.engine import TorchCudaEngine
+    from engines.policy import POLICIES
+    from engines.tokenizer import WhisperTokenizer
+    from engines.weights import load_weights
 
     started = time.perf_counter()
-    if device == "cuda":
-        engine = load_engine(model, "torch-cuda", policy=policy)
-    else:  # a check of this script on a machine without a GPU
-        from engines.gpu.engine import TorchCudaEngine
-        from engines.policy import POLICIES
-        from engines.tokenizer import WhisperTokenizer
-        from engines.weights import load_weights
-
-        w = load_weights(model)
-        tok = WhisperTokenizer.load(w.folder, w.config, w.dims.n_vocab)
-        engine = TorchCudaEngine(model, w, tok, POLICIES[policy], device=torch.device(device), slots=64)
+    # As engines.loading builds it for a worker, on the device asked for (cpu: a check of this
+    # script on a machine without a GPU, with fewer slots to keep its caches small).
+    w = load_weights(model)
+    tok = WhisperTokenizer.load(w.folder, w.config, w.dims.n_vocab)
+    engine = TorchCudaEngine(model, w, tok, POLICIES[policy], device=torch.device(device),
+                             **({} if device == "cuda" else {"slots": 64}))
     engine.warmup()
     result: dict[str, Any] = {"model": model, "policy": policy, "load_and_warmup_s": round(time.perf_counter() - started, 1)}
     _log(f"{model} {policy}: loaded and warmed up in {result['load_and_warmup_s']} s")
