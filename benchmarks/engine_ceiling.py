@@ -43,17 +43,10 @@ def measure(model: str, policy: str, batches: list[int], repeats: int, rates: li
     import torch
 
     from engines.gpu.engine import TorchCudaEngine
-    from engines.policy import POLICIES
-    from engines.tokenizer import WhisperTokenizer
-    from engines.weights import load_weights
 
     started = time.perf_counter()
-    # As engines.loading builds it for a worker, on the device asked for (cpu: a check of this
-    # script on a machine without a GPU, with fewer slots to keep its caches small).
-    w = load_weights(model)
-    tok = WhisperTokenizer.load(w.folder, w.config, w.dims.n_vocab)
-    engine = TorchCudaEngine(model, w, tok, POLICIES[policy], device=torch.device(device),
-                             **({} if device == "cuda" else {"slots": 64}))
+    # On cpu (a check of this script on a machine without a GPU) with fewer slots, to keep its caches small.
+    engine = TorchCudaEngine.of_model(model, policy, device, **({} if device == "cuda" else {"slots": 64}))
     engine.warmup()
     result: dict[str, Any] = {"model": model, "policy": policy, "load_and_warmup_s": round(time.perf_counter() - started, 1)}
     _log(f"{model} {policy}: loaded and warmed up in {result['load_and_warmup_s']} s")

@@ -383,9 +383,6 @@ def run(
     import torch
 
     from engines.gpu.engine import TorchCudaEngine
-    from engines.policy import POLICIES, default_policy
-    from engines.tokenizer import WhisperTokenizer
-    from engines.weights import load_weights
 
     device = torch.device(device_name)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
@@ -399,9 +396,8 @@ def run(
 
     for model in models:
         _log(f"loading {model}")
-        w = load_weights(model)
-        tok = WhisperTokenizer.load(w.folder, w.config, w.dims.n_vocab)
-        engine = TorchCudaEngine(model, w, tok, POLICIES[default_policy(model)], device=device, slots=slots)
+        engine = TorchCudaEngine.of_model(model, device=device, slots=slots)
+        tok = engine.tokenizer
         started = time.perf_counter()
         engine.warmup()
         report.data.setdefault("warmup", {})[model] = {

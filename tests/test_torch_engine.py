@@ -17,9 +17,6 @@ from engines.gpu.engine import TorchCudaEngine  # noqa: E402
 from engines.gpu.inflight import InflightDecoder  # noqa: E402
 from engines.gpu.model import GpuLogMel  # noqa: E402
 from engines.loading import load_engine  # noqa: E402
-from engines.policy import POLICIES, default_policy  # noqa: E402
-from engines.tokenizer import WhisperTokenizer  # noqa: E402
-from engines.weights import load_weights  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 CPU = torch.device("cpu")
@@ -31,9 +28,7 @@ def clips() -> list[np.ndarray]:
 
 
 def _torch_engine(model: str, slots: int = 16) -> TorchCudaEngine:
-    w = load_weights(model)
-    tok = WhisperTokenizer.load(w.folder, w.config, w.dims.n_vocab)
-    return TorchCudaEngine(model, w, tok, POLICIES[default_policy(model)], device=CPU, slots=slots)
+    return TorchCudaEngine.of_model(model, device=CPU, slots=slots)
 
 
 def test_log_mel_matches_numpy(clips):

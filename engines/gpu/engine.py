@@ -34,9 +34,9 @@ from engines.engine import Engine, Transcript, token_budget
 from engines.features import SAMPLE_RATE
 from engines.gpu.inflight import InflightDecoder, Job, Prefilled, make_prefix, prefix_pass
 from engines.gpu.model import EAGER_ATTENTION, GpuLogMel, TorchWhisper, to_device
-from engines.policy import EncoderPolicy
+from engines.policy import POLICIES, EncoderPolicy, default_policy
 from engines.tokenizer import WhisperTokenizer
-from engines.weights import Weights
+from engines.weights import Weights, load_weights
 
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,17 @@ class TorchCudaEngine(Engine):
         # graphs that share a pool must never run at the same time.
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._encoder_pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+
+    @classmethod
+    def of_model(cls, model: str, policy: str | None = None, device: "torch.device | str | None" = None,
+                 slots: int = 256) -> "TorchCudaEngine":
+        """The engine of a packaged model as engines.loading builds it for a worker, on a chosen
+        device ("cpu" checks a script or a test on a machine without a GPU) and with the model's
+        measured window unless `policy` names one."""
+        weights = load_weights(model)
+        tokenizer = WhisperTokenizer.load(weights.folder, weights.config, weights.dims.n_vocab)
+        return cls(model, weights, tokenizer, POLICIES[policy or default_policy(weights.twin or model)],
+                   None if device is None else torch.device(device), slots)
 
     @property
     def backend_name(self) -> str:
