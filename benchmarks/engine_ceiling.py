@@ -38,7 +38,8 @@ def _batch(clips: list[np.ndarray], size: int, rng: np.random.Generator) -> list
 
 
 def measure(model: str, policy: str, batches: list[int], repeats: int, rates: list[int], seconds: float,
-            out: Path, first: bool, device: str = "cuda", save: Any = None) -> dict[str, Any]:
+            out: Path, first: bool, eager_too: bool = False, device: str = "cuda",
+            save: Any = None) -> dict[str, Any]:
     """One policy's figures; `save(result)` after each batch, so that a run cut short keeps what it measured."""
     import torch
 
@@ -73,6 +74,29 @@ def measure(model: str, policy: str, batches: list[int], repeats: int, rates: li
         rows.append(row)
         if save:
             save(result)
+    if eager_too and hasattr(engine, "_encode_fn"):
+        # The same batches with the encoder uncompiled: its time, and whether compiling it
+        # changed any transcript.
+        engine._encode_fn, rng = engine.whisper.encode_layers, np.random.default_rng(0)
+        engine._encoders.clear()
+        result["eager_encoder"] = []
+        for size, row in zip(batches, rows):
+            audios = _batch(clips, size, rng)
+            engine.transcribe_batch(audios, "en")  # captures its encoder graph
+            times = []
+            for _ in range(repeats):
+                _sync()
+                t = time.perf_counter()
+                texts = [r.text for r in engine.transcribe_batch(audios, "en")]
+                _sync()
+                times.append(time.perf_counter() - t)
+            p50 = float(np.percentile(times, 50))
+            same = sum(a == b for a, b in zip(texts, row["texts"]))
+            result["eager_encoder"].append({"batch": size, "batch_p50_ms": round(p50 * 1000, 2),
+                                            "batch_utt_s": round(size / p50, 1), "same_texts": same})
+            _log(f"{policy} batch {size}, encoder uncompiled: {p50 * 1000:.1f} ms; {same}/{size} transcripts as compiled")
+            if save:
+                save(result)
     if rates:
         result["inflight"] = inflight_sweep(engine, clips, tuple(rates), seconds)
     if torch.cuda.is_available():
@@ -92,6 +116,7 @@ def main() -> None:
     p.add_argument("--rates", type=int, nargs="*", default=[], help="in-flight arrivals at these rates (utt/s)")
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--device", default="cuda", help="cpu only to check the script itself")
+    p.add_argument("--eager-too", action="store_true", help="the same batches again with the encoder uncompiled")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
@@ -101,7 +126,7 @@ def main() -> None:
 
     for i, policy in enumerate(args.policies):
         results.append(measure(args.model, policy, args.batches, args.repeats, args.rates if i == 0 else [],
-                               args.seconds, args.out, i == 0, args.device, save))
+                               args.seconds, args.out, i == 0, args.eager_too, args.device, save))
         (args.out / "engine-ceiling.json").write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1))
 

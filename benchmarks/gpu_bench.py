@@ -326,7 +326,8 @@ def phases(engine: Any, audios: list[np.ndarray], language: str, trace: Path | N
     out["voicing_ms"], _ = clock(lambda: [has_voicing(a, MIN_VOICED_SECONDS) for a in audios])
     out["log_mel_ms"], mel = clock(lambda: engine.mel(audios, frames, engine.policy.pad_value))
     graphed = engine.whisper.device.type == "cuda" and len(audios) <= 64
-    out["encoder_and_prefill_ms"], _ = clock(lambda: engine._encode_graph(mel, tokens, sot) if graphed else engine.whisper.encode(mel))
+    encoder = getattr(engine, "_encoder", engine.whisper.encode)  # compiled where the engine compiles it
+    out["encoder_and_prefill_ms"], _ = clock(lambda: engine._encode_graph(mel, tokens, sot) if graphed else encoder(mel))
     out["log_mel_encoder_prefill_ms"], (cross_kv, ready, prefilled) = clock(lambda: engine.encode(audios, frames, prefix))
     jobs = engine.jobs(audios, [language] * len(audios), None)
     dec = engine.decoder

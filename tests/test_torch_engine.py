@@ -39,6 +39,19 @@ def test_log_mel_matches_numpy(clips):
             np.testing.assert_allclose(mel([audio], 3000, fill)[0].numpy(), ref, atol=1e-4)
 
 
+def test_batched_log_mel_of_clips_of_every_length_matches_numpy(clips):
+    """Filled windows compute the STFT only as far as the batch's longest clip: each row must
+    still be what it is alone, at a 30 s window and at a shorter one, and with a near-full clip."""
+    mel = GpuLogMel(CPU)
+    long = np.concatenate([clips[0]] * (29 * 16000 // clips[0].size + 1))[: 29 * 16000 + 123]
+    for batch in (clips, clips + [long]):
+        for frames in (3000, 1000):
+            fitting = [a for a in batch if a.size < frames * 160]
+            got = mel(fitting, frames, 0.0).numpy()
+            for row, audio in zip(got, fitting):
+                np.testing.assert_allclose(row, log_mel(audio, frames, 0.0), atol=1e-4)
+
+
 def test_transcripts_equal_onnxruntime_fp32(clips):
     torch.set_num_threads(2)
     ours = _torch_engine("tiny.en").transcribe_batch(clips, "en")

@@ -69,6 +69,11 @@ class TorchCudaEngine(Engine):
         self.mel = GpuLogMel(device, weights.dims.n_mels)
         compile_step = device.type == "cuda" and os.environ.get("STREAMSERVER_TORCH_COMPILE", "1") != "0"
         self.decoder = InflightDecoder(self.whisper, tokenizer, slots=slots, compile=compile_step)
+        # The encoder compiled as well: run eager, its layer norms, residual adds, biases, GELUs and
+        # head copies are one pass each over [rows, frames / 2, width] activations, which at large
+        # batches cost more GPU time than its matrix products and attention (benchmarks/README.md,
+        # "GPU engine"). One compile with dynamic shapes serves every batch and window.
+        self._encode_fn = torch.compile(self.whisper.encode_layers, dynamic=True) if compile_step else self.whisper.encode_layers
         self._encoders: dict[tuple[int, int, tuple[int, ...] | None], tuple] = {}  # graph, input, outputs, token ids
         self._prefixes: dict[tuple[str, str | None], tuple[list[int], int]] = {}
         self._prefetched: dict[int, tuple[list[int], tuple]] = {}  # frames -> (ids of its audios, encode())
@@ -115,7 +120,7 @@ class TorchCudaEngine(Engine):
             if len(audios) <= ENCODER_BUCKETS[-1]:
                 cross_kv, prefilled = self._encode_graph(mel, tokens, sot_index)
             else:
-                cross_kv = self.whisper.encode(mel)
+                cross_kv = self._encoder(mel)
                 prefilled = prefix_pass(self.whisper, self.tokenizer, tokens, sot_index, cross_kv) if tokens else None
             ready = torch.cuda.Event()
             ready.record()
@@ -142,7 +147,7 @@ class TorchCudaEngine(Engine):
             ids = torch.tensor(tokens[:-1], device=mel.device) if tokens else None
 
             def body() -> tuple[list, Prefilled | None]:
-                cross = self.whisper.encode(static_in)
+                cross = self._encoder(static_in)
                 return cross, (prefix_pass(self.whisper, self.tokenizer, tokens, sot_index, cross, ids) if tokens else None)
 
             body()  # warm-up outside the capture (on the encoder's stream)
@@ -163,6 +168,11 @@ class TorchCudaEngine(Engine):
         part = static_prefilled.rows(slice(None, n))
         no_speech = None if part.no_speech is None else part.no_speech.clone()
         return cross_kv, Prefilled(part.prefix, [(k.clone(), v.clone()) for k, v in part.kv], no_speech)
+
+    def _encoder(self, mel: "torch.Tensor") -> list[tuple["torch.Tensor", "torch.Tensor"]]:
+        """TorchWhisper.encode, compiled where the decoder's step is."""
+        with torch.inference_mode(), sdpa_kernel(EAGER_ATTENTION):
+            return self._encode_fn(mel)
 
     def prefix_for(self, language: str, prompt: str | None) -> tuple[list[int], int]:
         """The forced tokens of an utterance in this language (with the given or default prompt)
@@ -255,21 +265,27 @@ class TorchCudaEngine(Engine):
 
     def warmup(self) -> None:
         """The Engine's warm-up run, the step graphs of every batch size for the default window,
-        and one batch of every encoder bucket, so that no request pays for a compile, a capture
-        or a plan. If torch.compile fails on this machine, the decoder runs uncompiled (slower,
-        same tokens) with a warning."""
+        one batch of every encoder bucket and one past them, so that no request pays for a
+        compile, a capture or a plan. If torch.compile fails on this machine, the encoder and the
+        decoder run uncompiled (slower, same tokens) with a warning."""
         try:
-            super().warmup()
-            self.decoder.capture(context=self.policy.frames(1) // 2)
+            self._warm()
         except Exception as error:  # noqa: BLE001 - any compiler failure
             if not self.decoder.compiled:
                 raise
-            log.warning("torch.compile failed (%s); the decoder runs uncompiled", error)
+            log.warning("torch.compile failed (%s); the encoder and the decoder run uncompiled", error)
             self.decoder = InflightDecoder(self.whisper, self.tokenizer, slots=self.decoder.slots)
-            super().warmup()
-            self.decoder.capture(context=self.policy.frames(1) // 2)
-        # The first batch of each size captures its encoder graph and builds cuFFT/cuBLAS plans:
-        # done here, so that no student's transcript waits for them.
+            self._encode_fn = self.whisper.encode_layers
+            self._encoders.clear()
+            self._warm()
+
+    def _warm(self) -> None:
+        super().warmup()
+        self.decoder.capture(context=self.policy.frames(1) // 2)
+        # The first batch of each size captures its encoder graph and builds cuFFT/cuBLAS plans,
+        # and the first past the graphs' buckets compiles the encoder for them: done here, so
+        # that no student's transcript waits for them.
         noise = np.random.default_rng(1).normal(0, 0.1, 3 * SAMPLE_RATE).astype(np.float32)
-        for size in ENCODER_BUCKETS[1:]:
+        past = (2 * ENCODER_BUCKETS[-1],) if self._stream is not None else ()
+        for size in ENCODER_BUCKETS[1:] + past:
             self.transcribe_batch([noise] * size, "en")

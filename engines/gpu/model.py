@@ -25,6 +25,7 @@ from engines.weights import Weights
 # shape, which stalls in-flight admission; these kernels need no plan.
 EAGER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
+STFT_FRAMES_STEP = 500  # 5 s
 _LOG_FLOOR = 1e-10
 _DYNAMIC_RANGE = 8.0
 
@@ -47,7 +48,16 @@ class GpuLogMel:
     def __call__(self, audios: list[np.ndarray], n_frames: int, fill: float | None) -> torch.Tensor:
         """float32 [len(audios), 80, n_frames]. Each clip is zero-padded past n_frames + 2 frames, so
         that the frames that still overlap its end count towards its maximum, as on the CPU."""
-        length = (n_frames + 2) * HOP_LENGTH
+        computed = n_frames
+        if fill is not None:
+            # Every frame from ceil(n / 160) + 1 on is `fill` whatever the STFT says (below): the
+            # STFT runs up to where the longest clip's frames end, not over the whole window (the
+            # rest of 30 s of zeros at a 30 s window). The same values: the frames it skips hold
+            # no sample, and the maximum below is the same over the frames that do. Rounded up to
+            # STFT_FRAMES_STEP, so that cuFFT plans for few lengths.
+            longest = max(-(-a.size // HOP_LENGTH) + 1 for a in audios)
+            computed = min(n_frames, -(-longest // STFT_FRAMES_STEP) * STFT_FRAMES_STEP)
+        length = (computed + 2) * HOP_LENGTH
         # One transfer of just the samples, then each clip is placed into a zeroed batch on the
         # device: a zero-padded host batch costs more to build and to send.
         flat = self._upload([np.asarray(a, np.float32) for a in audios])
@@ -60,8 +70,9 @@ class GpuLogMel:
         power = spec.real.square() + spec.imag.square()  # [B, 201, frames]
         log_spec = torch.clamp(self.filters @ power, min=_LOG_FLOOR).log10()
         top = log_spec.amax(dim=(1, 2), keepdim=True)
-        out = (torch.maximum(log_spec[:, :, :n_frames], top - _DYNAMIC_RANGE) + 4.0) / 4.0
+        out = (torch.maximum(log_spec[:, :, :computed], top - _DYNAMIC_RANGE) + 4.0) / 4.0
         if fill is not None:
+            out = F.pad(out, (0, n_frames - computed), value=fill)
             # Frames from ceil(n / 160) + 1 on hold no audio: faster-whisper's constant there.
             first = to_device([-(-a.size // HOP_LENGTH) + 1 for a in audios], self.device)
             after = torch.arange(n_frames, device=self.device)[None, :] >= first[:, None]
@@ -186,6 +197,10 @@ class TorchWhisper:
     @sdpa_kernel(EAGER_ATTENTION)
     def encode(self, mel: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """mel [B, 80, frames] -> per decoder layer the cross-attention (K, V), each [B, H, frames/2, hd]."""
+        return self.encode_layers(mel)
+
+    def encode_layers(self, mel: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """encode() without its modes: what torch.compile takes (engine.py), called under them."""
         x = F.gelu(F.conv1d(mel.to(self.dtype), *self.conv1, padding=1))
         x = F.gelu(F.conv1d(x, *self.conv2, stride=2, padding=1)).transpose(1, 2)
         x = x + self.audio_pos[: x.shape[1]]
