@@ -269,6 +269,9 @@ def inflight_sweep(
             # ADMIT_WAIT_S, or at once when the decoder is idle. One encoder call per arrival
             # would cost more than the decode steps it interleaves with.
             if waiting and (waiting >= ADMIT_BATCH or now - arrivals[nxt] >= ADMIT_WAIT_S or not dec.busy):
+                # At most ADMIT_BATCH at once: larger groups leave the captured encoder graphs for
+                # eager passes whose every new row count meets cuDNN's benchmark and a new cuFFT plan.
+                last = min(last, nxt + ADMIT_BATCH)
                 idx = list(range(nxt, last))
                 nxt = last
                 jobs = [replace(templates[picks[i]], tag=i, result=None) for i in idx]
