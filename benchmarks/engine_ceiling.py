@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,8 @@ def measure(model: str, policy: str, batches: list[int], repeats: int, rates: li
     # On cpu (a check of this script on a machine without a GPU) with fewer slots, to keep its caches small.
     engine = TorchCudaEngine.of_model(model, policy, device, **({} if device == "cuda" else {"slots": 64}))
     engine.warmup()
-    result: dict[str, Any] = {"model": model, "policy": policy, "load_and_warmup_s": round(time.perf_counter() - started, 1)}
+    result: dict[str, Any] = {"model": model, "policy": policy, "load_and_warmup_s": round(time.perf_counter() - started, 1),
+                              "engines_from": str(Path(sys.modules[TorchCudaEngine.__module__].__file__ or "").parents[1])}
     _log(f"{model} {policy}: loaded and warmed up in {result['load_and_warmup_s']} s")
     clips = _clips()
     result["clips"] = {"count": len(clips), "mean_s": round(float(np.mean([c.size for c in clips])) / 16000, 3)}

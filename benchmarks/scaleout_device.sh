@@ -162,7 +162,8 @@ fi
 if [ "${ENGINE:-0}" = 1 ]; then  # the GPU engine alone on the simulator's clips: benchmarks/engine_ceiling.py
     say "the $MODEL engine alone: phases, batches and in-flight rates (${ENGINE_ARGS:-defaults})"
     if [ -n "${ENGINE_OLD:-}" ]; then  # another build's engines/ (a copy of the folder) first, in the same call
-        PYTHONPATH=$ENGINE_OLD:$PYTHONPATH "$PYTHON" -m benchmarks.engine_ceiling --model "$MODEL" --out "$OUT/$NAME/old" ${ENGINE_ARGS:-} \
+        # -P: `python -m` would otherwise put the working directory, and its engines/, first on sys.path
+        PYTHONPATH=$ENGINE_OLD:$PYTHONPATH "$PYTHON" -P -m benchmarks.engine_ceiling --model "$MODEL" --out "$OUT/$NAME/old" ${ENGINE_ARGS:-} \
             || fail "benchmarks.engine_ceiling on $ENGINE_OLD"
     fi
     "$PYTHON" -m benchmarks.engine_ceiling --model "$MODEL" --out "$OUT/$NAME" ${ENGINE_ARGS:-} || fail "benchmarks.engine_ceiling"
