@@ -23,7 +23,7 @@ import numpy as np
 
 from engines.backends import Backend
 from engines.decoding import Decoded, detect_languages, greedy_decode
-from engines.features import N_FRAMES, N_MELS, N_SAMPLES, SAMPLE_RATE, log_mel
+from engines.features import N_FRAMES, N_MELS, N_SAMPLES, SAMPLE_RATE, as_float, log_mel
 from engines.policy import EncoderPolicy
 from engines.tokenizer import WhisperTokenizer
 from engines.voicing import has_voicing
@@ -95,10 +95,11 @@ class Engine(ABC):
         fallback: bool = True,
         window: EncoderPolicy | None = None,
     ) -> list[Transcript]:
-        """Transcribe utterances of up to 30 s each (float32 mono 16 kHz), in one batch where their
-        encoder lengths agree. language None (or "auto") detects it per utterance. fallback=False
-        skips the 30 s re-run of rejected repetitions (for measuring the policy alone). `window`:
-        the encoder lengths of another policy than the engine's (its padding stays the engine's)."""
+        """Transcribe utterances of up to 30 s each (mono 16 kHz: float32 in [-1, 1], or int16 PCM
+        as the queue carries them), in one batch where their encoder lengths agree. language None
+        (or "auto") detects it per utterance. fallback=False skips the 30 s re-run of rejected
+        repetitions (for measuring the policy alone). `window`: the encoder lengths of another
+        policy than the engine's (its padding stays the engine's)."""
         for i, audio in enumerate(audios):
             if audio.ndim != 1 or audio.size == 0:
                 raise ValueError(f"utterance {i}: expected non-empty mono audio, got shape {audio.shape}")
@@ -232,7 +233,7 @@ def split_on_quiet(audio: np.ndarray, window_s: float = 30.0, search_s: float = 
     start = 0
     while audio.size - start > window:
         tail = audio[start + window - search : start + window]
-        energy = np.square(tail[: tail.size // hop * hop].reshape(-1, hop)).mean(axis=1)
+        energy = np.square(as_float(tail[: tail.size // hop * hop]).reshape(-1, hop)).mean(axis=1)
         cut = start + window - search + int(energy.argmin()) * hop + hop // 2
         pieces.append(audio[start:cut])
         start = cut

@@ -116,6 +116,16 @@ def frames_for_seconds(seconds: float) -> int:
     return max(2, frames + (frames % 2))
 
 
+def as_float(audio: np.ndarray) -> np.ndarray:
+    """Samples as float32 in [-1, 1]: int16 PCM (how the queue carries an utterance) scaled by
+    1/32768, anything else as float32."""
+    if audio.dtype == np.int16:
+        out = audio.astype(np.float32)
+        out *= np.float32(1 / 32768)
+        return out
+    return np.asarray(audio, dtype=np.float32)
+
+
 def log_mel(audio: np.ndarray, n_frames: int, fill: float | None = None, n_mels: int = N_MELS) -> np.ndarray:
     """Whisper log-mel features of ``audio``, float32 ``[n_mels, n_frames]`` (80; large-v3 128).
 
@@ -129,7 +139,7 @@ def log_mel(audio: np.ndarray, n_frames: int, fill: float | None = None, n_mels:
     that still overlap the end of the audio, which are computed for the max
     and then discarded. With no samples at all the maximum is -10.
 
-    ``audio`` is mono float32 at 16 kHz in [-1, 1] with at most
+    ``audio`` is mono at 16 kHz, float32 in [-1, 1] or int16 PCM (as_float), with at most
     ``n_frames * 160`` samples; ``n_frames`` must be even (the encoder halves
     it) and at most 3000 (30 s, Whisper's context).
 
@@ -144,7 +154,7 @@ def log_mel(audio: np.ndarray, n_frames: int, fill: float | None = None, n_mels:
             f"n_frames must be a positive even number <= {N_FRAMES}, got {n_frames}"
         )
     # Whisper works on float32 input; quantise the same way before upcasting.
-    audio = np.asarray(audio, dtype=np.float32)
+    audio = as_float(audio)
     if audio.ndim != 1:
         raise ValueError(f"audio must be 1-D mono samples, got shape {audio.shape}")
     n = audio.shape[0]

@@ -18,6 +18,9 @@ AGGRESSIVENESS = 3  # the mode least likely to call noise speech
 
 
 def to_pcm16(audio: np.ndarray) -> np.ndarray:
+    """int16 PCM as webrtcvad takes it; PCM16 already (a queued utterance) as it is."""
+    if audio.dtype == np.int16:
+        return audio
     return (np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16)
 
 

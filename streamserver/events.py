@@ -34,7 +34,7 @@ class Utterance:
     student_id: str
     student_name: str
     language: str  # the room's: "en", "zh" or "auto"
-    audio: np.ndarray = field(repr=False)  # float32 mono 16 kHz
+    audio: np.ndarray = field(repr=False)  # mono 16 kHz: float32 as cut, int16 PCM as queued (engines take either)
     start_ts: float  # arrival of its first voiced frame
     end_of_speech_ts: float  # arrival of its last voiced frame, before the VAD's hangover
     cut: bool = False  # ended by the maximum length, not by a pause

@@ -5,6 +5,8 @@ import pytest
 
 from benchmarks.scoring import wer
 from engines.engine import split_on_quiet
+from engines.features import as_float
+from streamserver.queue.jobs import pcm16
 
 RATE = 16000
 
@@ -22,6 +24,16 @@ def test_batch_equals_one_at_a_time(tiny_engine, librivox):
     batched = tiny_engine.transcribe_batch(audios, "en")
     assert [b.text for b in batched] == [s.text for s in singles]
     assert [b.encoder_frames for b in batched] == [s.encoder_frames for s in singles]
+
+
+def test_pcm16_as_queued_transcribes_as_its_float32(tiny_engine, librivox):
+    """A worker hands the engine a job's int16 PCM as it came from the queue: the same
+    transcripts, to the last digit, as the same samples in float32."""
+    pcm = [np.frombuffer(pcm16(a), "<i2") for _, a, _ in librivox]
+    as_int = tiny_engine.transcribe_batch(pcm, "en")
+    as_float32 = tiny_engine.transcribe_batch([as_float(p) for p in pcm], "en")
+    assert [r.text for r in as_int] == [r.text for r in as_float32] and all(r.text for r in as_int)
+    assert [r.avg_logprob for r in as_int] == [r.avg_logprob for r in as_float32]
 
 
 def test_base_detects_english(base_engine, librivox):

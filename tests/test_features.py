@@ -15,6 +15,7 @@ from engines.features import (
     N_FRAMES,
     N_MELS,
     N_SAMPLES,
+    as_float,
     frames_for_seconds,
     log_mel,
     mel_filterbank,
@@ -137,3 +138,19 @@ def test_fill_replaces_only_frames_after_the_audio(clip):
     np.testing.assert_array_equal(zero[:, :after], whisper[:, :after])
     assert np.all(zero[:, after:] == 0.0)
     assert np.all(whisper[:, after + 2 :] < -0.5)  # silence: the window reaches 2 frames past the audio
+
+
+def test_pcm16_gives_the_log_mel_and_the_voicing_of_its_float32(clip):
+    """Queued utterances reach the engines as int16 PCM: the same features and the same voicing
+    gate as the same samples in float32."""
+    from engines.voicing import has_voicing
+
+    pcm = np.round(clip * 32767).astype(np.int16)
+    scaled = as_float(pcm)
+    assert scaled.dtype == np.float32 and np.array_equal(scaled, pcm.astype(np.float32) / np.float32(32768))
+    for fill in (None, 0.0):
+        assert np.array_equal(log_mel(pcm, N_FRAMES, fill), log_mel(scaled, N_FRAMES, fill))
+    silence = np.zeros(16000, np.int16)
+    for audio in (pcm, silence):
+        assert has_voicing(audio, 0.2) == has_voicing(as_float(audio), 0.2)
+    assert has_voicing(pcm, 0.2) and not has_voicing(silence, 0.2)

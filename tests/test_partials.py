@@ -13,6 +13,7 @@ from dataclasses import replace
 import numpy as np
 import redis
 
+from engines.features import as_float
 from streamserver.asr.worker import AsrWorker
 from streamserver.audio.pipeline import StudentAudio
 from streamserver.audio.segmenter import SegmentedSpeech, SegmenterConfig, UtteranceSegmenter
@@ -182,7 +183,7 @@ def test_redis_hints_send_each_sample_of_their_utterance_once(redis_url, librivo
                 (taken,) = await queue.take_hints(10)
                 assert (taken.revision, taken.kind) == (h.revision, h.kind)
                 # PCM16 both ways: within one step of 16 bits of the segmenter's audio
-                assert taken.audio.size == h.audio.size and np.abs(taken.audio - h.audio).max() <= 2 / 32768
+                assert taken.audio.size == h.audio.size and np.abs(as_float(taken.audio) - h.audio).max() <= 2 / 32768
             await queue.submit(replace(hints[-1], kind="final"))
             assert not raw.exists(key)
         finally:

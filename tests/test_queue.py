@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import redis
 
+from engines.features import as_float
 from streamserver.queue.fair import FairTurns, gives_way
 from streamserver.asr.worker import AsrWorker, cancel_for_sure
 from streamserver.bus.keys import history_key
@@ -60,7 +61,8 @@ def test_job_encoding_round_trip():
     u = utterance(audio)
     back = decode_job({k.encode(): v if isinstance(v, bytes) else v.encode() for k, v in encode_job(u).items()})
     assert (back.utterance_id, back.room_id, back.student_name, back.end_of_speech_ts) == (u.utterance_id, u.room_id, "Ann", u.end_of_speech_ts)
-    assert np.abs(back.audio - audio).max() < 1e-4
+    assert back.audio.dtype == np.int16  # as queued: the engines take PCM16 as it is
+    assert np.abs(as_float(back.audio) - audio).max() < 1e-4
 
 
 def test_fair_share_gives_every_room_a_place():

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is an optional extra (pip install 'streamserver[gpu]')")
 
 from engines.audio import load_audio  # noqa: E402
-from engines.features import log_mel  # noqa: E402
+from engines.features import as_float, log_mel  # noqa: E402
 from engines.gpu.engine import TorchCudaEngine  # noqa: E402
 from engines.gpu.inflight import InflightDecoder  # noqa: E402
 from engines.gpu.model import GpuLogMel  # noqa: E402
@@ -50,6 +50,15 @@ def test_batched_log_mel_of_clips_of_every_length_matches_numpy(clips):
             got = mel(fitting, frames, 0.0).numpy()
             for row, audio in zip(got, fitting):
                 np.testing.assert_allclose(row, log_mel(audio, frames, 0.0), atol=1e-4)
+
+
+def test_pcm16_batches_give_the_log_mel_of_their_float32(clips):
+    """Queued utterances (int16 PCM) are uploaded as they are and scaled on the device."""
+    mel = GpuLogMel(CPU)
+    pcm = [np.round(a * 32767).astype(np.int16) for a in clips]
+    for frames, fill in ((3000, 0.0), (3000, None), (1000, 0.0)):
+        fitting = [p for p in pcm if p.size < frames * 160]
+        np.testing.assert_array_equal(mel(fitting, frames, fill).numpy(), mel([as_float(p) for p in fitting], frames, fill).numpy())
 
 
 def test_transcripts_equal_onnxruntime_fp32(clips):

@@ -17,7 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from engines.features import HOP_LENGTH, N_FFT, mel_filterbank
+from torch.nn.utils.rnn import pad_sequence
+
+from engines.features import HOP_LENGTH, N_FFT, as_float, mel_filterbank
 from engines.weights import Weights
 
 # Attention kernels for the eager passes (encoder, prefill, language detection), whose batch
@@ -58,14 +60,15 @@ class GpuLogMel:
             longest = max(-(-a.size // HOP_LENGTH) + 1 for a in audios)
             computed = min(n_frames, -(-longest // STFT_FRAMES_STEP) * STFT_FRAMES_STEP)
         length = (computed + 2) * HOP_LENGTH
-        # One transfer of just the samples, then each clip is placed into a zeroed batch on the
-        # device: a zero-padded host batch costs more to build and to send.
-        flat = self._upload([np.asarray(a, np.float32) for a in audios])
-        signal = torch.zeros(len(audios), length, device=self.device)
-        offset = 0
-        for i, a in enumerate(audios):
-            signal[i, : a.size] = flat[offset : offset + a.size]
-            offset += a.size
+        # One transfer of just the samples, then the clips padded into a batch on the device: a
+        # zero-padded host batch costs more to build and to send. Queued utterances arrive as
+        # PCM16 and travel so (half the bytes of float32), scaled on the device as as_float does.
+        if all(a.dtype == np.int16 for a in audios):
+            flat = self._upload(audios, torch.int16).float() * (1 / 32768)
+        else:
+            flat = self._upload([as_float(a) for a in audios], torch.float32)
+        signal = pad_sequence(flat.split([a.size for a in audios]), batch_first=True)
+        signal = F.pad(signal, (0, length - signal.shape[1]))
         spec = torch.stft(signal, N_FFT, HOP_LENGTH, window=self.window, center=True, pad_mode="reflect", return_complex=True)
         power = spec.real.square() + spec.imag.square()  # [B, 201, frames]
         log_spec = torch.clamp(self.filters @ power, min=_LOG_FLOOR).log10()
@@ -80,17 +83,18 @@ class GpuLogMel:
         return out
 
 
-    def _upload(self, audios: list[np.ndarray]) -> torch.Tensor:
+    def _upload(self, audios: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
+        """The clips one after the other, of `dtype` (theirs), on the device."""
         if self.device.type != "cuda":
             return torch.from_numpy(np.concatenate(audios))
         total = sum(a.size for a in audios)
         if len(self._staging) < 2:
-            self._staging.append((torch.empty(0, pin_memory=True), None))
+            self._staging.append((torch.empty(0, dtype=dtype, pin_memory=True), None))
         buffer, copied = self._staging[self._turn]
         if copied is not None:
             copied.synchronize()
-        if buffer.numel() < total:
-            buffer = torch.empty(max(total, 2 * buffer.numel()), pin_memory=True)
+        if buffer.numel() < total or buffer.dtype != dtype:
+            buffer = torch.empty(max(total, 2 * buffer.numel()), dtype=dtype, pin_memory=True)
         np.concatenate(audios, out=buffer.numpy()[:total])
         flat = buffer[:total].to(self.device, non_blocking=True)
         event = torch.cuda.Event(blocking=True)  # waited on by the host: sleep, do not spin

@@ -17,15 +17,16 @@ class JobError(ValueError):
 
 
 def pcm16(audio: np.ndarray) -> bytes:
+    if audio.dtype == np.int16:  # a queued utterance's own samples
+        return audio.astype("<i2", copy=False).tobytes()
     return (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
 
 
-def float_audio(pcm: bytes) -> np.ndarray:
-    """Scaled in place: one float32 array made, not two (a worker decodes every job's audio on
-    its event loop)."""
-    audio = np.frombuffer(pcm, "<i2").astype(np.float32)
-    audio *= np.float32(1 / 32768)
-    return audio
+def pcm_audio(pcm: bytes) -> np.ndarray:
+    """A job's samples as the int16 PCM they are, read-only and not copied: the engines take
+    PCM16 as it is (engines/features.py as_float), so the worker's event loop converts nothing,
+    and a GPU engine sends half the bytes of float32."""
+    return np.frombuffer(pcm, "<i2")
 
 
 def encode_job(u: Utterance) -> dict[str, bytes | str]:
@@ -46,7 +47,7 @@ def encode_job(u: Utterance) -> dict[str, bytes | str]:
 def decode_job(fields: dict[bytes, bytes]) -> Utterance:
     try:
         text = {name: fields[name.encode()].decode() for name in _TEXT_FIELDS}
-        audio = float_audio(fields[b"audio"])
+        audio = pcm_audio(fields[b"audio"])
         return Utterance(
             audio=audio,
             start_ts=float(fields[b"start_ts"]),
@@ -90,6 +91,6 @@ def unpack_hint(head: bytes, pcm: bytes) -> Utterance:
     if len(pcm) < 2 * n:
         raise JobError(f"the hint's audio holds {len(pcm) // 2} of its {n} samples (expired?)")
     try:
-        return Utterance(audio=float_audio(pcm[: 2 * n]), **hint)
+        return Utterance(audio=pcm_audio(pcm[: 2 * n]), **hint)
     except TypeError as error:
         raise JobError(f"not a hint: {error!r}") from error

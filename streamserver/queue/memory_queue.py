@@ -25,7 +25,7 @@ from streamserver.events import Event, TranscriptEvent, TranscriptPartialEvent, 
 from streamserver.queue.base import (
     HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Displaced, Entry, QueueFull, Speculation, wanted_hints,
 )
-from streamserver.queue.jobs import float_audio, pcm16
+from streamserver.queue.jobs import pcm16
 from streamserver.queue.publication import SPOKEN_KEPT_S, PublishedHere, recent, spoken_of
 
 ALIVE_TTL_S = 1.0  # as the Redis queue's: a worker silent this long has no capacity
@@ -42,7 +42,7 @@ class MemoryQueue:
         self._per_source: dict[str, Counter[str]] = {}  # room -> its places held per source (fair.py)
         self._turns = FairTurns()
         self._ids = itertools.count(1)
-        self._waiting: list[Entry] = []  # their audio as PCM16 (_compact)
+        self._waiting: list[Entry] = []  # their audio as PCM16 (_compact), as workers take it from Redis too
         self._pending: dict[str, tuple[Utterance, float]] = {}  # delivered, not completed: id -> (u, when)
         self._published = PublishedHere(publisher)  # stage 5: publish once (queue/publication.py)
         self._attempts: dict[str, int] = {}
@@ -192,7 +192,7 @@ class MemoryQueue:
         batch = self._turns.batch(self._waiting, count, entry_share)
         delivered = time.monotonic()
         self._pending.update((entry_id, (u, delivered)) for entry_id, u in batch)
-        return [(entry_id, _full(u)) for entry_id, u in batch]
+        return list(batch)
 
     async def claim_orphans(self) -> list[Entry]:
         """Jobs delivered longer than the visibility timeout ago and not completed (their
@@ -201,7 +201,7 @@ class MemoryQueue:
         stale = [(entry_id, u) for entry_id, (u, when) in self._pending.items() if now - when >= self.visibility_s]
         for entry_id, u in stale:
             self._pending[entry_id] = (u, now)
-        return [(entry_id, _full(u)) for entry_id, u in stale]
+        return stale
 
     async def heartbeat(self, stats: dict[str, Any]) -> None:
         rate = float(stats.get("capacity", stats.get("utt_per_s", 0.0)))
@@ -231,8 +231,4 @@ class MemoryQueue:
 
 def _compact(u: Utterance) -> Utterance:
     return replace(u, audio=np.frombuffer(pcm16(u.audio), "<i2"))
-
-
-def _full(u: Utterance) -> Utterance:
-    return replace(u, audio=float_audio(u.audio.tobytes()))
 
