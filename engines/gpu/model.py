@@ -16,7 +16,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
 from torch.nn.utils.rnn import pad_sequence
 
 from engines.features import HOP_LENGTH, N_FFT, as_float, mel_filterbank
