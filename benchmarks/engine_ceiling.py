@@ -4,7 +4,10 @@ utterances a second it sustains: the figures behind the fleet's ceiling (benchma
 
 On a CUDA machine, after scaleout_device.sh has installed its payload (ENGINE=1 there runs this):
     python -m benchmarks.engine_ceiling --out DIR [--model tiny.en] [--policies pad30-zero min20s-zero]
-    PYTHONPATH=OLD:$PYTHONPATH python -m benchmarks.engine_ceiling --out DIR/old   # OLD/engines: another build's
+    PYTHONPATH=OLD:$PYTHONPATH python -P -m benchmarks.engine_ceiling --out DIR/old   # OLD/engines: another build's
+
+The clips go in as a worker hands them to the engine: the queue's int16 PCM (float32 for a build
+whose engines take only that); `engines_from` in the results says which engines/ ran.
 
 For each encoder policy: one engine, warmed up as a worker warms it; then per batch size the
 phases of one batch (gpu_bench.phases: voicing, log-mel, encoder, decoding, each waited for)
@@ -28,10 +31,16 @@ import numpy as np
 from benchmarks.gpu_bench import _log, _sync, inflight_sweep, phases
 
 
-def _clips() -> list[np.ndarray]:
+def _clips() -> tuple[list[np.ndarray], str]:
+    """The simulator's clips as a worker hands them to the engine: the queue's int16 PCM, or
+    float32 for a build whose engines take only that (an older build's, ENGINE_OLD)."""
+    import engines.features
     from streamserver.loadsim.scenario import load_clips
 
-    return [np.frombuffer(c.pcm, "<i2").astype(np.float32) / 32768.0 for c in load_clips()]
+    pcm = [np.frombuffer(c.pcm, "<i2") for c in load_clips()]
+    if hasattr(engines.features, "as_float"):
+        return pcm, "int16"
+    return [p.astype(np.float32) / 32768.0 for p in pcm], "float32"
 
 
 def _batch(clips: list[np.ndarray], size: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -53,8 +62,8 @@ def measure(model: str, policy: str, batches: list[int], repeats: int, rates: li
     result: dict[str, Any] = {"model": model, "policy": policy, "load_and_warmup_s": round(time.perf_counter() - started, 1),
                               "engines_from": str(Path(sys.modules[TorchCudaEngine.__module__].__file__ or "").parents[1])}
     _log(f"{model} {policy}: loaded and warmed up in {result['load_and_warmup_s']} s")
-    clips = _clips()
-    result["clips"] = {"count": len(clips), "mean_s": round(float(np.mean([c.size for c in clips])) / 16000, 3)}
+    clips, kind = _clips()
+    result["clips"] = {"count": len(clips), "mean_s": round(float(np.mean([c.size for c in clips])) / 16000, 3), "audio": kind}
     rng = np.random.default_rng(0)
     rows: list[dict[str, Any]] = []
     result["batches"] = rows
