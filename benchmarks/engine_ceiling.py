@@ -47,6 +47,18 @@ def _batch(clips: list[np.ndarray], size: int, rng: np.random.Generator) -> list
     return [clips[i] for i in rng.integers(0, len(clips), size)]
 
 
+def _whole_batch(engine: Any, audios: list[np.ndarray], repeats: int) -> tuple[float, list[str]]:
+    """The batch's p50 seconds over `repeats` calls as the worker makes them, and its transcripts."""
+    times = []
+    for _ in range(repeats):
+        _sync()
+        t = time.perf_counter()
+        texts = [r.text for r in engine.transcribe_batch(audios, "en")]
+        _sync()
+        times.append(time.perf_counter() - t)
+    return float(np.percentile(times, 50)), texts
+
+
 def measure(model: str, policy: str, batches: list[int], repeats: int, rates: list[int], seconds: float,
             out: Path, first: bool, eager_too: bool = False, device: str = "cuda",
             save: Any = None) -> dict[str, Any]:
@@ -71,16 +83,9 @@ def measure(model: str, policy: str, batches: list[int], repeats: int, rates: li
         audios = _batch(clips, size, rng)
         trace = out / f"kernels-{model}-{policy}-b{size}.txt" if first and size == max(batches) else None
         row = phases(engine, audios, "en", trace)
-        times = []
-        for _ in range(repeats):
-            _sync()
-            t = time.perf_counter()
-            texts = [r.text for r in engine.transcribe_batch(audios, "en")]
-            _sync()
-            times.append(time.perf_counter() - t)
-        row["texts"] = texts  # to compare two builds' transcripts of the same batch
-        row["batch_p50_ms"] = round(float(np.percentile(times, 50)) * 1000, 2)
-        row["batch_utt_s"] = round(size / float(np.percentile(times, 50)), 1)
+        p50, row["texts"] = _whole_batch(engine, audios, repeats)  # texts: to compare two builds' transcripts
+        row["batch_p50_ms"] = round(p50 * 1000, 2)
+        row["batch_utt_s"] = round(size / p50, 1)
         _log(f"{policy} batch {size}: {row['batch_p50_ms']} ms, {row['batch_utt_s']} utt/s")
         rows.append(row)
         if save:
@@ -94,14 +99,7 @@ def measure(model: str, policy: str, batches: list[int], repeats: int, rates: li
         for size, row in zip(batches, rows):
             audios = _batch(clips, size, rng)
             engine.transcribe_batch(audios, "en")  # captures its encoder graph
-            times = []
-            for _ in range(repeats):
-                _sync()
-                t = time.perf_counter()
-                texts = [r.text for r in engine.transcribe_batch(audios, "en")]
-                _sync()
-                times.append(time.perf_counter() - t)
-            p50 = float(np.percentile(times, 50))
+            p50, texts = _whole_batch(engine, audios, repeats)
             same = sum(a == b for a, b in zip(texts, row["texts"]))
             result["eager_encoder"].append({"batch": size, "batch_p50_ms": round(p50 * 1000, 2),
                                             "batch_utt_s": round(size / p50, 1), "same_texts": same})
