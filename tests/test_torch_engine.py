@@ -81,6 +81,21 @@ def test_slots_refill_and_batch_equals_one_at_a_time(clips):
     assert engine.decoder.active == 0 and not engine.decoder.pending
 
 
+def test_slots_of_different_windows_decode_as_each_alone(clips):
+    """At a window by length (bucket5s), one step holds slots of different encoder lengths: the
+    shorter ones read their own positions through the cross-attention's mask, a slot alone at the
+    step's whole context reads it unmasked; both give the tokens each gives alone."""
+    torch.set_num_threads(2)
+    engine = TorchCudaEngine.of_model("tiny.en", "bucket5s-zero", device=CPU, slots=16)
+    assert len({engine.policy.frames(c.size) for c in clips}) > 1
+    batched = engine.transcribe_batch(clips, "en")
+    alone = [engine.transcribe_batch([c], "en")[0] for c in clips]
+    assert [t.text for t in batched] == [t.text for t in alone]
+    assert all(t.text for t in batched)
+    for a, b in zip(batched, alone):
+        assert abs(a.avg_logprob - b.avg_logprob) < 1e-4
+
+
 def test_non_speech_gives_no_words():
     engine = _torch_engine("tiny.en")
     noise = np.random.default_rng(0).normal(0, 0.05, 16000 * 3).astype(np.float32)

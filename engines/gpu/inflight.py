@@ -112,12 +112,13 @@ class InflightDecoder:
 
     # ---- the step (graph-capturable: fixed shapes, no host synchronisation) ----
 
-    def _step(self, n: int, positions: int, context: int) -> None:
+    def _step(self, n: int, positions: int, context: int, whole: bool = False) -> None:
+        """`whole`: every active slot's encoder output is `context` long (no mask needed)."""
         m, tok = self.model, self.tok
         rows = self.rows[:n]
         token, pos, done = self.token[:n], self.pos[:n], self.done[:n]
         cross_kv = [(k[:n, :, :context], v[:n, :, :context]) for k, v in self.cross_kv]
-        logits = m.step(token, pos, self.self_kv, cross_kv, self.cross_len[:n], positions)
+        logits = m.step(token, pos, self.self_kv, cross_kv, None if whole else self.cross_len[:n], positions)
         # The no-speech probability: softmax of the raw logits after <|startoftranscript|>.
         at_sot = pos == self.sot_pos[:n]
         p_none = torch.softmax(logits, dim=-1)[:, tok.no_speech]
@@ -148,15 +149,15 @@ class InflightDecoder:
     def _run_step(self, n: int) -> None:
         positions = _bucket(self._max_pos, POSITION_BUCKETS)
         context = _bucket(self._max_ctx, CONTEXT_BUCKETS)
+        whole = self._min_ctx == context
         if not self.graphs:
             for _ in range(self._steps(n)):
-                self._step_fn(n, positions, context)
+                self._step_fn(n, positions, context, whole)
             return
         size = _bucket(n, BATCH_BUCKETS)
-        key = (size, positions, context)
-        graph = self._graphs.get(key)
+        graph = self._graphs.get((size, positions, context, whole))
         if graph is None:
-            graph = self._capture(size, positions, context)
+            graph = self._capture(size, positions, context, whole)
         graph.replay()
 
     def _steps(self, size: int) -> int:
@@ -164,7 +165,7 @@ class InflightDecoder:
         steps a launch runs past its end are latency there), several for a busy decoder."""
         return 1 if size <= SINGLE_STEP_UP_TO else self.steps_per_launch
 
-    def _capture(self, size: int, positions: int, context: int) -> torch.cuda.CUDAGraph:
+    def _capture(self, size: int, positions: int, context: int, whole: bool) -> torch.cuda.CUDAGraph:
         # Warm up on a side stream (lazy initialisation must not happen inside the capture). The
         # step writes only to slots whose state says so, but rows [active, size) may hold stale
         # state: save and restore everything a step writes.
@@ -173,25 +174,27 @@ class InflightDecoder:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # the first call may compile
-                self._step_fn(size, positions, context)
+                self._step_fn(size, positions, context, whole)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             for _ in range(self._steps(size)):
-                self._step_fn(size, positions, context)
+                self._step_fn(size, positions, context, whole)
         self._restore(saved)
-        self._graphs[(size, positions, context)] = graph
+        self._graphs[(size, positions, context, whole)] = graph
         return graph
 
     def capture(self, context: int, positions: tuple[int, ...] = POSITION_BUCKETS) -> None:
-        """Capture ahead of time the graphs of every batch bucket for this encoder length."""
+        """Capture ahead of time the graphs of every batch bucket for this encoder length (those
+        of slots all at this length: a worker's utterances at the engine's window)."""
         if not self.graphs:
             return
         ctx = _bucket(context, CONTEXT_BUCKETS)
+        whole = ctx == context
         for size in BATCH_BUCKETS:
             for p in positions:
-                if size <= self.slots and (size, p, ctx) not in self._graphs:
-                    self._capture(size, p, ctx)
+                if size <= self.slots and (size, p, ctx, whole) not in self._graphs:
+                    self._capture(size, p, ctx, whole)
 
     def _snapshot(self) -> list[torch.Tensor]:
         return [t.clone() for t in self._state_tensors()]
@@ -267,8 +270,9 @@ class InflightDecoder:
         self._slot_of.update((id(job), start + j) for j, job in enumerate(jobs))
         self.active += take
         self.live += take
-        # Upper bounds over the active slots, for the buckets a step reads (reset when all leave).
+        # Bounds over the active slots, for the buckets a step reads (reset when all leave).
         self._max_ctx = max(self._max_ctx, ctx)
+        self._min_ctx = min(self._min_ctx, ctx)
         self._max_pos = max(self._max_pos, max(len(j.prefix) + j.budget for j in jobs))
 
     def _prefill(
@@ -304,6 +308,7 @@ class InflightDecoder:
             self.sot_pos[rows] = -1  # read here, not by a step
 
     _max_ctx = 0
+    _min_ctx = CONTEXT_BUCKETS[-1]  # a lower bound: the cross-attention needs no mask while it is the context's bucket
     _max_pos = 0  # ... and of the positions any of them can reach
 
     def _compact(self) -> None:
@@ -395,6 +400,7 @@ class InflightDecoder:
         if not self.live:
             self.active = 0
             self._max_ctx = self._max_pos = 0
+            self._min_ctx = CONTEXT_BUCKETS[-1]
         return jobs
 
     def _drain(self) -> list[Job]:

@@ -225,7 +225,7 @@ class TorchWhisper:
         pos: torch.Tensor,  # [S] int64: its position (0..447)
         self_kv: list[tuple[torch.Tensor, torch.Tensor]],  # per layer the whole cache [>= S, H, 448, hd]
         cross_kv: list[tuple[torch.Tensor, torch.Tensor]],  # per layer [S, H, C, hd]
-        cross_len: torch.Tensor,  # [S] int64: valid encoder positions of each slot
+        cross_len: torch.Tensor | None,  # [S] int64: valid encoder positions of each slot; None: all C
         positions: int | None = None,  # cache positions attention reads (a bucket >= every pos + 1)
     ) -> torch.Tensor:
         """One token for every slot: writes its K/V at `pos`, returns fp32 logits [S, vocab].
@@ -234,7 +234,10 @@ class TorchWhisper:
         P = positions or self_kv[0][0].shape[2]
         C = cross_kv[0][0].shape[2]
         self_mask = (torch.arange(P, device=tokens.device)[None, :] <= pos[:, None])[:, None, None, :]  # [S, 1, 1, P]
-        cross_mask = (torch.arange(C, device=tokens.device)[None, :] < cross_len[:, None])[:, None, None, :]
+        # Unmasked where every slot reads the whole window (the default policy's 30 s): the
+        # attention kernels for one query without a mask read the keys at close to the memory's
+        # bandwidth, and the cross-attention is most of a large batch's decoding time.
+        cross_mask = None if cross_len is None else (torch.arange(C, device=tokens.device)[None, :] < cross_len[:, None])[:, None, None, :]
         x = (self.embed[tokens] + self.text_pos[pos])[:, None, :]  # [S, 1, d]
         for l, (k_cache, v_cache), (ck, cv) in zip(self.decoder_layers, self_kv, cross_kv):
             q, k, v = (self._heads(t) for t in F.linear(self._ln(x, l.ln1), l.qkv_w, l.qkv_b).chunk(3, dim=-1))
@@ -289,7 +292,8 @@ def _(k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, k: torch.
     return None
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """One query per slot over its masked keys: q [S, H, 1, hd], k/v [S, H, T, hd], mask [S, 1, 1, T] -> [S, 1, d]."""
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """One query per slot over its masked keys: q [S, H, 1, hd], k/v [S, H, T, hd], mask [S, 1, 1, T]
+    or None (every key) -> [S, 1, d]."""
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [S, H, 1, hd]
     return out.transpose(1, 2).flatten(2)
