@@ -31,7 +31,7 @@ except ImportError as error:  # pragma: no cover - depends on the install
 from torch.nn.attention import sdpa_kernel
 
 from engines.engine import Engine, Transcript, token_budget
-from engines.features import SAMPLE_RATE
+from engines.features import N_SAMPLES, SAMPLE_RATE
 from engines.gpu.inflight import InflightDecoder, Job, Prefilled, make_prefix, prefix_pass
 from engines.gpu.model import EAGER_ATTENTION, GpuLogMel, TorchWhisper, to_device
 from engines.policy import POLICIES, EncoderPolicy, default_policy
@@ -281,7 +281,8 @@ class TorchCudaEngine(Engine):
 
     def _warm(self) -> None:
         super().warmup()
-        self.decoder.capture(context=self.policy.frames(1) // 2)
+        shortest, longest = self.policy.frames(1), self.policy.frames(N_SAMPLES)
+        self.decoder.capture(context=shortest // 2, masked_too=shortest < longest)
         # The first batch of each size captures its encoder graph and builds cuFFT/cuBLAS plans,
         # and the first past the graphs' buckets compiles the encoder for them: done here, so
         # that no student's transcript waits for them.

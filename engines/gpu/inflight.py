@@ -184,17 +184,20 @@ class InflightDecoder:
         self._graphs[(size, positions, context, whole)] = graph
         return graph
 
-    def capture(self, context: int, positions: tuple[int, ...] = POSITION_BUCKETS) -> None:
-        """Capture ahead of time the graphs of every batch bucket for this encoder length (those
-        of slots all at this length: a worker's utterances at the engine's window)."""
+    def capture(self, context: int, positions: tuple[int, ...] = POSITION_BUCKETS, masked_too: bool = False) -> None:
+        """Capture ahead of time the graphs of every batch bucket for this encoder length: those
+        of slots all at this length and, `masked_too` (an engine whose window follows the
+        utterance's length), those of slots of shorter ones as well. The two are compiled apart:
+        the first of each kind costs seconds, never to be paid in a class."""
         if not self.graphs:
             return
         ctx = _bucket(context, CONTEXT_BUCKETS)
-        whole = ctx == context
+        kinds = {ctx == context} | ({False} if masked_too else set())
         for size in BATCH_BUCKETS:
             for p in positions:
-                if size <= self.slots and (size, p, ctx, whole) not in self._graphs:
-                    self._capture(size, p, ctx, whole)
+                for whole in kinds:
+                    if size <= self.slots and (size, p, ctx, whole) not in self._graphs:
+                        self._capture(size, p, ctx, whole)
 
     def _snapshot(self) -> list[torch.Tensor]:
         return [t.clone() for t in self._state_tensors()]
