@@ -61,6 +61,38 @@ def test_pcm16_batches_give_the_log_mel_of_their_float32(clips):
         np.testing.assert_array_equal(mel(fitting, frames, fill).numpy(), mel([as_float(p) for p in fitting], frames, fill).numpy())
 
 
+def test_pcm16_batches_with_a_buckets_empty_fill_stay_pcm16(clips, monkeypatch):
+    """The engine fills a batch up to its bucket with empty float32 clips: they have no samples,
+    and the batch's PCM16 still goes up as PCM16 (one staging dtype, not a switch per batch)."""
+    mel = GpuLogMel(CPU)
+    pcm = [np.round(a * 32767).astype(np.int16) for a in clips[:3]]
+    filled = pcm + [np.zeros(0, np.float32)]
+    uploads: list[torch.dtype] = []
+    upload = mel._upload
+    monkeypatch.setattr(mel, "_upload", lambda audios, dtype: uploads.append(dtype) or upload(audios, dtype))
+    got = mel(filled, 3000, 0.0).numpy()
+    assert uploads == [torch.int16]
+    np.testing.assert_array_equal(got[:3], mel(pcm, 3000, 0.0).numpy())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the pinned staging buffer is the CUDA path's")
+def test_staging_buffer_grows_only_for_more_bytes():
+    """Batches of PCM16 and of float32 in turn reuse the two pinned buffers: pinned memory takes
+    milliseconds a megabyte to allocate, and a buffer that grew at every change of dtype held up
+    batches for seconds."""
+    mel = GpuLogMel(torch.device("cuda"))
+    rng = np.random.default_rng(0)
+    pcm = [rng.integers(-3000, 3000, 16000 * 5, dtype=np.int16) for _ in range(8)]
+    floats = [as_float(p) for p in pcm]
+    sizes = []
+    for _ in range(10):
+        for batch in (pcm, floats, pcm[:2] + [np.zeros(0, np.float32)]):
+            mel(batch, 3000, 0.0)
+            sizes.append(sorted(b.numel() for b, _ in mel._staging))
+    assert sizes[-1] == sizes[3], sizes
+    assert max(sizes[-1]) <= 2 * 8 * 16000 * 5 * 4
+
+
 def test_transcripts_equal_onnxruntime_fp32(clips):
     torch.set_num_threads(2)
     ours = _torch_engine("tiny.en").transcribe_batch(clips, "en")

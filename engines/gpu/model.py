@@ -62,7 +62,8 @@ class GpuLogMel:
         # One transfer of just the samples, then the clips padded into a batch on the device: a
         # zero-padded host batch costs more to build and to send. Queued utterances arrive as
         # PCM16 and travel so (half the bytes of float32), scaled on the device as as_float does.
-        if all(a.dtype == np.int16 for a in audios):
+        # The empty clips that fill a batch bucket (engine.py) have no samples, so no dtype to go by.
+        if all(a.dtype == np.int16 for a in audios if a.size):
             flat = self._upload(audios, torch.int16).float() * (1 / 32768)
         else:
             flat = self._upload([as_float(a) for a in audios], torch.float32)
@@ -83,19 +84,26 @@ class GpuLogMel:
 
 
     def _upload(self, audios: list[np.ndarray], dtype: torch.dtype) -> torch.Tensor:
-        """The clips one after the other, of `dtype` (theirs), on the device."""
+        """The clips one after the other, of `dtype` (theirs; an empty one may be of any), on the device."""
+        clips = [a for a in audios if a.size]
         if self.device.type != "cuda":
-            return torch.from_numpy(np.concatenate(audios))
-        total = sum(a.size for a in audios)
+            return torch.from_numpy(np.concatenate(clips)) if clips else torch.zeros(0, dtype=dtype)
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        nbytes = sum(a.size for a in clips) * itemsize
         if len(self._staging) < 2:
-            self._staging.append((torch.empty(0, dtype=dtype, pin_memory=True), None))
+            self._staging.append((torch.empty(0, dtype=torch.uint8, pin_memory=True), None))
         buffer, copied = self._staging[self._turn]
         if copied is not None:
             copied.synchronize()
-        if buffer.numel() < total or buffer.dtype != dtype:
-            buffer = torch.empty(max(total, 2 * buffer.numel()), dtype=dtype, pin_memory=True)
-        np.concatenate(audios, out=buffer.numpy()[:total])
-        flat = buffer[:total].to(self.device, non_blocking=True)
+        # Bytes, viewed as the batch's dtype: batches of PCM16 and of float32 share the buffer,
+        # which grows only when a batch needs more bytes than it holds. Pinned memory takes
+        # milliseconds a megabyte to allocate, and the batch waits for it.
+        if buffer.numel() < nbytes:
+            buffer = torch.empty(max(nbytes, 2 * buffer.numel()), dtype=torch.uint8, pin_memory=True)
+        staged = buffer[:nbytes].view(dtype)
+        if clips:
+            np.concatenate(clips, out=staged.numpy())
+        flat = staged.to(self.device, non_blocking=True)
         event = torch.cuda.Event(blocking=True)  # waited on by the host: sleep, do not spin
         event.record()
         self._staging[self._turn] = (buffer, event)
