@@ -243,8 +243,9 @@ class TorchWhisper:
         C = cross_kv[0][0].shape[2]
         self_mask = (torch.arange(P, device=tokens.device)[None, :] <= pos[:, None])[:, None, None, :]  # [S, 1, 1, P]
         # Unmasked where every slot reads the whole window (the default policy's 30 s): the
-        # attention kernels for one query without a mask read the keys at close to the memory's
-        # bandwidth, and the cross-attention is most of a large batch's decoding time.
+        # one-query attention kernel runs faster without a mask, and the cross-attention over
+        # 1,500 positions is the largest part of a large batch's decoding (benchmarks/README.md,
+        # "The cross-attention unmasked").
         cross_mask = None if cross_len is None else (torch.arange(C, device=tokens.device)[None, :] < cross_len[:, None])[:, None, None, :]
         x = (self.embed[tokens] + self.text_pos[pos])[:, None, :]  # [S, 1, d]
         for l, (k_cache, v_cache), (ck, cv) in zip(self.decoder_layers, self_kv, cross_kv):
