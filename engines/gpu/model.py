@@ -88,16 +88,15 @@ class GpuLogMel:
         clips = [a for a in audios if a.size]
         if self.device.type != "cuda":
             return torch.from_numpy(np.concatenate(clips)) if clips else torch.zeros(0, dtype=dtype)
-        itemsize = torch.empty(0, dtype=dtype).element_size()
-        nbytes = sum(a.size for a in clips) * itemsize
+        nbytes = sum(a.size for a in clips) * dtype.itemsize
         if len(self._staging) < 2:
             self._staging.append((torch.empty(0, dtype=torch.uint8, pin_memory=True), None))
         buffer, copied = self._staging[self._turn]
         if copied is not None:
             copied.synchronize()
         # Bytes, viewed as the batch's dtype: batches of PCM16 and of float32 share the buffer,
-        # which grows only when a batch needs more bytes than it holds. Pinned memory takes
-        # milliseconds a megabyte to allocate, and the batch waits for it.
+        # which grows only when a batch needs more bytes than it holds: allocating pinned memory
+        # locks every page of it, and the batch waits for that.
         if buffer.numel() < nbytes:
             buffer = torch.empty(max(nbytes, 2 * buffer.numel()), dtype=torch.uint8, pin_memory=True)
         staged = buffer[:nbytes].view(dtype)
