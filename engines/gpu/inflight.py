@@ -192,7 +192,7 @@ class InflightDecoder:
         if not self.graphs:
             return
         ctx = _bucket(context, CONTEXT_BUCKETS)
-        kinds = {ctx == context} | ({False} if masked_too else set())
+        kinds = {ctx == context, False} if masked_too else {ctx == context}
         for size in BATCH_BUCKETS:
             for p in positions:
                 for whole in kinds:
