@@ -104,11 +104,11 @@ def embed(texts: list[str], embedder: str = "e5") -> np.ndarray:
     return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
-def evaluate(rows: list[dict], vectors: np.ndarray, centre: Path = CENTRE_PATH,
-             candidates: dict[str, Callable[[], Centred]] | None = None) -> dict:
-    """Per setting, the threshold (and the candidate centring, where there are several) chosen on
-    the development half, and the figures on both halves at it and at SAME_QUESTION."""
-    candidates = candidates or {"": lambda: Centring(centre)}
+def evaluate(rows: list[dict], vectors: np.ndarray, candidates: dict[str, Callable[[], Centred]] | None = None) -> dict:
+    """Per setting, the threshold (and the candidate centring, where there are several; the
+    shipped prior's by default) chosen on the development half, and the figures on both halves
+    at it and at SAME_QUESTION."""
+    candidates = candidates or {"": Centring}
     dev, held_out = halves(rows)
     report: dict = {"questions": len(rows), "groups": len(dev | held_out), "default_threshold": SAME_QUESTION}
     for name, langs in (("en", {"en"}), ("zh", {"zh"}), ("both", {"en", "zh"})):
@@ -157,15 +157,15 @@ def main() -> None:
     vectors = embed([r["text"] for r in rows], args.embedder)
     embed_s = round(time.perf_counter() - started, 2)
     with tempfile.TemporaryDirectory() as tmp:
-        centre = CENTRE_PATH
         candidates = None
         if args.embedder != "e5":  # the shipped prior is e5's: USE's own, made from the same corpus
-            centre = Path(tmp) / "centre.npz"
-            make_centre(centre, "use")
+            use_centre = Path(tmp) / "centre.npz"
+            make_centre(use_centre, "use")
+            candidates = {"": lambda: Centring(use_centre)}
         if args.embedder == "e5+use":
-            candidates = {f"e5 weight {w}": (lambda w=w: PairCentring(w, CENTRE_PATH, centre)) for w in E5_WEIGHTS}
+            candidates = {f"e5 weight {w}": (lambda w=w: PairCentring(w, CENTRE_PATH, use_centre)) for w in E5_WEIGHTS}
         report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "embedder": args.embedder, "embed_s": embed_s,
-                  **evaluate(rows, vectors, centre, candidates)}
+                  **evaluate(rows, vectors, candidates)}
     print(json.dumps(report, indent=1, ensure_ascii=False))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
