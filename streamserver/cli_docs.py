@@ -61,8 +61,10 @@ def shown_default(action: argparse.Action) -> str:
     """The default as its variable would be written; empty for none."""
     if action.required:
         return "required"
-    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+    if isinstance(action, argparse._StoreTrueAction):
         return "off"  # a switch: not given
+    if isinstance(action, argparse._StoreFalseAction):  # its variable names the value: `0` is the flag
+        return "on (`0`: the flag)"
     value = action.default
     if value is None:
         return ""

@@ -62,7 +62,7 @@ class Settings:
     threads: int = field(default_factory=default_threads)
     # ICE: aiortc does no trickle ICE and, left alone, asks a public STUN server; both explicit.
     ice_servers: list[dict] = field(default_factory=list)  # [{"urls": [...], "username", "credential"}]
-    ice_hosts: list[str] = field(default_factory=list)  # host candidate addresses; empty: all but loopback
+    ice_hosts: list[str] = field(default_factory=list)  # host candidate addresses; empty: every interface and 127.0.0.1
     ice_allow: list[str] = field(default_factory=list)  # CIDRs a student's candidates may be on (transport/candidates.py)
     # TURN with short-lived credentials (turn.py): minted per /api/config answer from the secret it shares with coturn
     turn_urls: list[str] = field(default_factory=list)
