@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -222,7 +221,7 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
                         "utterance is dropped with an event and the room answers busy (default %(default)s)")
     p.add_argument("--max-audio-rate", type=float, default=Settings.max_audio_rate, metavar="X",
                    help="a student's stream sending faster than X times real time is closed (default %(default)s)")
-    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+    p.add_argument("--header-timeout", type=float, default=Settings.header_timeout_s, metavar="S",
                    help="close a connection that has not sent a whole request (or sat idle) this long (default %(default)s)")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="also serve /metrics without the admin token on --metrics-host:PORT (an internal address)")
@@ -316,7 +315,8 @@ def _settings(args: argparse.Namespace, **extra: object) -> Settings:
         redis_prefix=args.redis_prefix,
         transcript_retention_s=int(args.transcript_retention_days * DAY_S), partials=args.partials,
         partial_interval_ms=args.partial_interval_ms, expected_speaking=args.expected_speaking,
-        idle_seat_s=args.idle_seat, offers_per_minute=args.offers_per_minute, **extra,
+        idle_seat_s=args.idle_seat, offers_per_minute=args.offers_per_minute, header_timeout_s=args.header_timeout,
+        **extra,
     )
 
 

@@ -79,6 +79,7 @@ class Settings:
     idle_seat_s: float = 60.0  # a stream that brings no audio this long is ended and its seat freed (rooms/idle.py); 0: never
     offers_per_minute: int = 300  # WebRTC offers a minute per client address and per link (rooms/offers.py); 0: no limit
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KB
+    header_timeout_s: float = 10.0  # a request's head, and its body, must arrive within this (--header-timeout)
     max_batch: int = 16  # on a CPU, where each row costs about what it costs alone (GPU_MAX_BATCH on a GPU)
     max_audio_rate: float = RATE  # x real time a student's stream may send (audio/pacing.py); more closes it
     queue_bounds: Bounds = field(default_factory=Bounds)  # utterances waiting: in all, per room, per student

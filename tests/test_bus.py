@@ -335,3 +335,23 @@ def test_redis_history_survives_restart_with_aof(tmp_path: Path) -> None:
 
     with RedisServer(persist_dir=tmp_path) as server:
         run(lambda: body(server))
+
+
+def test_a_room_whose_record_cannot_be_written_is_not_kept() -> None:
+    """A room the bus refused (Redis down, here a port nobody listens on) is not left in the
+    process's registry: nobody could open its links, and it would count as a room for hours."""
+    from streamserver.rooms.directory import RoomDirectory
+    from streamserver.rooms.registry import RoomRegistry
+    from tests.redis_server import free_port
+
+    async def body() -> None:
+        bus = RedisBus(f"redis://127.0.0.1:{free_port()}")
+        registry = RoomRegistry(500)
+        try:
+            with pytest.raises(BusError):
+                await RoomDirectory(registry, bus, 60, 60).create("7B", "en")
+            assert registry.rooms == {}
+        finally:
+            await bus.close()
+
+    run(body)

@@ -53,6 +53,7 @@ SOURCES: dict[tuple[str, str], tuple[Any, str]] = {
         ("room_idle_expiry", "room_idle_ttl_s"), ("max_queue_wait", "max_queue_wait_s"),
         ("expected_speaking", "expected_speaking"), ("max_audio_rate", "max_audio_rate"),
         ("partial_interval_ms", "partial_interval_ms"), ("idle_seat", "idle_seat_s"), ("offers_per_minute", "offers_per_minute"),
+        ("header_timeout", "header_timeout_s"),
         ("turn_ttl", "turn_ttl_s"))},
     **{(c, "vad_hangover_ms"): (SegmenterConfig, "hangover_ms") for c in SERVER},
     **{(c, "partials"): (Settings, "partials") for c in (*SERVER, "worker")},
@@ -75,8 +76,7 @@ AT_START = ({(c, "threads") for c in ("transcribe", "serve", "worker")} | {("gat
             | {("worker", "max_batch")})  # by the engine: a GPU's or a CPU's
 # Defaults that only the command line has: written once, there.
 CLI_OWN = {("", "log_level"), ("", "log_format"), ("transcribe", "language"), ("engine build", "backend"),
-           ("gateway", "processes"),
-           *((c, "header_timeout") for c in SERVER)}
+           ("gateway", "processes")}
 # Other names a sourced default goes by in the code (a parameter that takes it).
 ALIASES = {(Settings, "fallback_after_s"): ("after_s",)}
 # Where the code scan looks for each owner's second literals: the load simulator's defaults (a

@@ -4,6 +4,7 @@ student names. Against the real `serve` app in this process (tests/live_app.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from html.parser import HTMLParser
@@ -239,6 +240,101 @@ def test_student_names_lose_control_and_bidi_characters(live, room):
     status, answer = live.run(offer("\u200b\u3164"))
     assert status == 400 and "visible" in answer["error"]
 
+
+
+def test_room_names_lose_what_cannot_be_seen(live):
+    """The probe: a name with a lone surrogate reached the Redis client (500) and left a room
+    registered that was never saved."""
+
+    async def post(raw: str) -> tuple[int, dict]:
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"}
+        async with live.session.post(f"{live.url}/api/rooms", data=raw.encode(), headers=headers) as r:
+            return r.status, await r.json()
+
+    rooms_before = len(live.classroom.rooms.rooms)
+    status, answer = live.run(post('{"name": "ab\\ud800cd\\u202e"}'))
+    assert status == 201 and answer["name"] == "abcd", answer
+    for bad in ('{"name": "\\ud800"}', '{"name": "\\u200b\\u202e "}', '{"name": "%s"}' % ("x" * 201), '{"name": 7}'):
+        status, answer = live.run(post(bad))
+        assert status == 400 and "name must be" in answer["error"], (bad, answer)
+    assert len(live.classroom.rooms.rooms) == rooms_before + 1
+
+
+def test_body_that_does_not_decode_as_its_encoding_says_is_400(live, room):
+    """The probe: `Content-Encoding: gzip` on a body that is not gzip raised aiohttp's
+    RequestPayloadError through the handler (500, and a traceback in the log)."""
+
+    async def post(url: str, encoding: str) -> tuple[int, dict]:
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json",
+                   "Content-Encoding": encoding}
+        async with live.session.post(url, data=b"xxxx", headers=headers, compress=False) as r:
+            return r.status, await r.json()
+
+    for url in (f"{live.url}/api/rooms", f"{live.url}/api/rooms/{room['room_id']}/offer"):
+        for encoding in ("gzip", "deflate"):
+            status, answer = live.run(post(url, encoding))
+            assert status == 400 and "body cannot be read" in answer["error"], (url, encoding, answer)
+
+
+def test_body_that_stops_coming_is_answered_within_the_header_timeout(live, room, caplog):
+    """The probe: a body that never finished held its connection for as long as the client
+    liked; a client that then went away left a traceback in the log."""
+    head = (b"POST /api/rooms/%s/offer HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n{\"tok" % room["room_id"].encode())
+    saved = live.settings.header_timeout_s
+    live.settings.header_timeout_s = 0.5
+    try:
+        status, answer = live.run(live.raw_http(head, timeout=5))
+        assert status == 408 and b"did not arrive in time" in answer
+
+        async def leave_mid_body() -> None:
+            reader, writer = await asyncio.open_connection(live.server.host, live.server.port)
+            writer.write(head)
+            await writer.drain()
+            await asyncio.sleep(0.1)
+            writer.transport.abort()
+            await asyncio.sleep(0.3)
+
+        with caplog.at_level(logging.INFO):
+            live.run(leave_mid_body())
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    finally:
+        live.settings.header_timeout_s = saved
+
+
+def test_subtitle_origin_out_of_range_is_400(live, room):
+    """The probe: origin=-1e308 overflowed in the cue clock (500)."""
+    token = live.token(room, "teacher")
+
+    async def get(origin: str) -> tuple[int, dict]:
+        url = f"{live.url}/api/rooms/{room['room_id']}/transcript"
+        async with live.session.get(url, params={"format": "srt", "origin": origin, "token": token}) as r:
+            return r.status, await r.json()
+
+    for origin in ("-1e308", "-1", "1e300", "nan", "inf"):
+        status, answer = live.run(get(origin))
+        assert status == 400 and "origin must be" in answer["error"], (origin, answer)
+
+
+def test_offers_aiortc_cannot_use_are_400_with_a_reason(live, room):
+    """The probe: an offer without a=fingerprint was answered, then aiortc's DTLS task failed
+    in the log; others answered aiortc's internals (or nothing) as the reason."""
+    token = token_of(room["student_url"])
+    audio = "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\na=rtpmap:111 opus/48000/2\r\n"
+
+    async def post(sdp: str) -> tuple[int, dict]:
+        body = {"token": token, "sdp": sdp, "type": "offer", "student_name": "Ann"}
+        async with live.session.post(f"{live.url}/api/rooms/{room['room_id']}/offer", json=body) as r:
+            return r.status, await r.json()
+
+    status, answer = live.run(post("v=0\r\n" + audio))
+    assert status == 400 and "fingerprint" in answer["error"], answer
+    fingerprint = "a=fingerprint:sha-256 " + ":".join(["AB"] * 32) + "\r\n"
+    for sdp in ("m=audio garbage\r\n" + fingerprint, "v=0\r\n" + fingerprint + audio + audio):
+        status, answer = live.run(post(sdp))
+        assert status == 400, (sdp, answer)
+        reason = answer["error"].removeprefix("cannot use this offer:").strip()
+        assert reason and "NoneType" not in reason and "index" not in reason, answer
 
 
 def test_aioice_and_aiortc_log_at_warning():

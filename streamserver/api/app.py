@@ -11,9 +11,7 @@ import asyncio
 import hmac
 import json
 import logging
-import math
 import re
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +61,20 @@ def _error(status: int, message: str) -> web.Response:
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object, read within --header-timeout: aiohttp times out a request's
+    head, not a body that stops coming, which would hold the connection for as long as its
+    sender likes."""
     try:
-        body = await request.json()
+        async with asyncio.timeout(request.app[CLASSROOM].settings.header_timeout_s):
+            raw = await request.read()
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(text=json.dumps({"error": "the request's body did not arrive in time"}),
+                                     content_type="application/json", headers={"Connection": "close"}) from None
+    except web.RequestPayloadError as error:  # a body that does not decode as its Content-Encoding says
+        raise web.HTTPBadRequest(text=json.dumps({"error": f"body cannot be read: {error}"}),
+                                 content_type="application/json") from None
+    try:
+        body = json.loads(raw.decode(request.charset or "utf-8"))
     # ValueError: bad JSON, bad UTF-8 or a number too long; RecursionError: nesting too deep;
     # LookupError: a charset Python does not know
     except (ValueError, RecursionError, LookupError):
@@ -120,6 +130,7 @@ def _unless_teacher(request: web.Request, room_id: str) -> web.Response | None:
     return _check_token(request, room_id, teacher, "teacher")
 
 
+ORIGIN_MAX = 1e10  # a subtitle origin past this (the year 2286) is not a recording's start
 GROUP_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")  # as AsrWorker makes them: <worker>.<run>:<n>
 
 
@@ -157,9 +168,11 @@ async def create_room(request: web.Request) -> web.Response:
     if not _is_admin(request):
         return _error(401, "admin token required (Authorization: Bearer <token>)")
     body = await _json_body(request)
-    name, language = body.get("name"), body.get("language", "en")
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        return _error(400, "name must be a non-empty string of at most 200 characters")
+    language = body.get("language", "en")
+    try:  # the teacher's page shows it: what cannot be seen (bidi overrides, lone surrogates) is removed
+        name = names.clean(body.get("name"), "name", ROOM_NAME_MAX)
+    except names.BadName as error:
+        return _error(400, str(error))
     if language not in LANGUAGES:
         return _error(400, f"language must be one of {', '.join(LANGUAGES)}")
     if language != "en" and (worker := request.app.get(WORKER)) is not None and not worker.engine.multilingual:
@@ -333,10 +346,10 @@ async def class_transcript(request: web.Request) -> web.Response:
         return _error(400, f"format must be one of {', '.join(kinds)}")
     try:  # subtitles: the recording's start, Unix seconds (subtitles.py)
         origin = float(request.query["origin"]) if "origin" in request.query else None
-        if origin is not None and not math.isfinite(origin):
+        if origin is not None and not 0 <= origin <= ORIGIN_MAX:  # NaN too
             raise ValueError(origin)
     except ValueError:
-        return _error(400, "origin must be a number: the recording's start in Unix seconds")
+        return _error(400, f"origin must be the recording's start in Unix seconds (0 to {ORIGIN_MAX:.0f})")
     try:
         events = await classroom.bus.transcript(room_id)
     except BusError as error:
@@ -387,6 +400,7 @@ async def feed(request: web.Request) -> web.StreamResponse:
 
 
 BUS_PING_S = 2.0
+ROOM_NAME_MAX = 200
 ROOM_SIZE_MAX = 100_000  # a room's own student limit (a lecture); the server's --max-students is the default
 
 
@@ -501,6 +515,9 @@ async def json_errors(request: web.Request, handler):
         if error.content_type == "application/json" or error.status < 400:
             raise
         return _error(error.status, error.reason)
+    except ConnectionResetError:  # the client went away mid-request: nothing of ours broke (the answer goes nowhere)
+        log.info("request %s %s: the client went away before it was answered", request.method, request.path)
+        return _error(400, "the connection was lost before the request was read")
     except Exception:
         log.exception("request %s %s failed", request.method, request.path)
         return _error(500, "internal error")

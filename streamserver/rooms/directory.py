@@ -27,7 +27,11 @@ class RoomDirectory:
 
     async def create(self, name: str, language: str, max_students: int | None = None) -> Room:
         room = self.rooms.create(name, language, max_students)
-        await self.announce(room)
+        try:
+            await self.announce(room)
+        except BaseException:  # a room whose record was never written is nobody's: its links would not open
+            self.forget(room.room_id)
+            raise
         return room
 
     async def announce(self, room: Room) -> None:

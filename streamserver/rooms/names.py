@@ -27,11 +27,11 @@ class BadName(ValueError):
     """The name cannot be shown (the message says why)."""
 
 
-def clean(name: object, field: str) -> str:
+def clean(name: object, field: str, max_chars: int = MAX_CHARS) -> str:
     """The name without its invisible characters, or BadName."""
     if isinstance(name, str):
         name = "".join(c for c in name if c not in _BLANK and unicodedata.category(c) not in _STRIPPED_CATEGORIES).strip()
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_CHARS or not any(unicodedata.category(c)[0] in _VISIBLE for c in name):
-        raise BadName(f"{field} must be a string of 1 to {MAX_CHARS} characters with a visible one (control, format, "
+    if not isinstance(name, str) or not 0 < len(name) <= max_chars or not any(unicodedata.category(c)[0] in _VISIBLE for c in name):
+        raise BadName(f"{field} must be a string of 1 to {max_chars} characters with a visible one (control, format, "
                       "bidi and invisible characters are removed first)")
     return name

@@ -89,6 +89,8 @@ async def answer(
     waited for."""
     if "m=audio" not in offer_sdp:
         raise OfferError("the offer has no audio")
+    if "a=fingerprint:" not in offer_sdp:  # aiortc would answer, then fail in its DTLS task
+        raise OfferError("the offer has no DTLS fingerprint (a=fingerprint)")
     try:
         offer_sdp = filter_offer(offer_sdp, candidates)
     except TooManyCandidates as error:
@@ -137,5 +139,7 @@ async def answer(
         await pc.setLocalDescription(await pc.createAnswer())
     except Exception as error:  # aiortc raises ValueError, KeyError ... on bad SDP
         await pc.close()
-        raise OfferError(f"cannot use this offer: {error or type(error).__name__}") from None
+        # aiortc's own words where it has some; its internals' (an attribute, an index) say nothing to a client
+        why = str(error) if isinstance(error, ValueError) and str(error) else "malformed or unsupported SDP"
+        raise OfferError(f"cannot use this offer: {why}") from None
     return pc, dtx.ask_for_dtx(pc.localDescription.sdp)
