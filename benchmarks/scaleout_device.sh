@@ -37,6 +37,8 @@
 #   loads a kernel from them at its first use, CUDA_MODULE_LOADING=LAZY; on a fresh machine those
 #   files are not in the page cache yet). CUDA_MODULE_LOADING=EAGER (passed on to the worker)
 #   instead loads them all at start-up.
+#   MPS=1: the run under a CUDA MPS daemon (nvidia-cuda-mps-control), so that several workers' kernels
+#   run on the GPU side by side rather than in turns (a diagnosis of what sharing one GPU costs)
 # A tiny form runs on the 2-core dev machine (INSTALL=no: its .venv has everything):
 #   OUT=/tmp/tiny INSTALL=no PYTHON=.venv/bin/python STUDENTS=40 DURATION=20 ROOMS=4 GATEWAYS=2 PROCESSES=2 \
 #       BACKEND=onnxruntime THREADS=2 MAX_BATCH=16 bash benchmarks/scaleout_device.sh
@@ -154,6 +156,14 @@ print(' '.join(roots))")
     say "read $(echo "$files" | grep -c .) shared libraries in $(( $(date +%s) - t )) s (WARM_LIBS)"
 fi
 [ -n "${CUDA_MODULE_LOADING:-}" ] && say "CUDA_MODULE_LOADING=$CUDA_MODULE_LOADING"
+if [ "${MPS:-0}" = 1 ]; then  # CUDA MPS: the workers' kernels share the GPU at once, not in turns of time slices
+    command -v nvidia-cuda-mps-control >/dev/null || fail "MPS=1: no nvidia-cuda-mps-control on this machine"
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d || fail "MPS=1: nvidia-cuda-mps-control -d"
+    trap 'echo quit | nvidia-cuda-mps-control' EXIT
+    say "CUDA MPS daemon started (MPS=1)"
+fi
 if [ "${PROFILE:-0}" = 1 ]; then  # py-spy samples worker-0 (and gateway-0 where there is one): the payload's py-spy wheel
     for b in "$SITE/bin/py-spy" "$(command -v py-spy)"; do [ -x "$b" ] && export SCALEOUT_PYSPY=$b && break; done
     [ -n "${PROFILE_FROM:-}" ] && export SCALEOUT_PYSPY_FROM=$PROFILE_FROM
