@@ -126,6 +126,14 @@ def _bounded(convert: Callable[[str], Number], low: float, high: float, what: st
 
 
 _share = _bounded(float, 0, 1, "a number", above=True)
+# Numbers a server cannot use (a port past 65535, no students, a negative wait) are usage errors
+# at start, not a traceback at bind or a server that turns everyone away.
+_port = _bounded(int, 1, 65535, "a port number")
+_count = _bounded(int, 1, 10**9, "a whole number", span="1 or more")
+_count_or_0 = _bounded(int, 0, 10**9, "a whole number", span="0 or more")
+_seconds_or_0 = _bounded(float, 0, 1e9, "a number of seconds", "s", span="0 or more seconds")
+_seconds = _bounded(float, 0, 1e9, "a number of seconds", "s", above=True, span="more than 0 seconds")
+_times_real_time = _bounded(float, 1, 1000, "a number", span="1 (real time) or more")
 _positive_seconds = _bounded(float, 0, 3600, "a number of seconds", "s", above=True)
 _hangover_ms = _bounded(int, *HANGOVER_MS_RANGE, "a whole number of milliseconds", "ms")
 _partial_interval_ms = _bounded(int, *PARTIAL_INTERVAL_MS_RANGE, "a whole number of milliseconds", "ms")
@@ -172,7 +180,7 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
     """The options `serve` and `gateway` share: the network side, rooms, limits, the audio path."""
     _add_retention_option(p)
     p.add_argument("--host", default=Settings.host, help="the address to listen on (default %(default)s)")
-    p.add_argument("--port", type=int, default=Settings.port, help="the port, HTTP or HTTPS (default %(default)s)")
+    p.add_argument("--port", type=_port, default=Settings.port, help="the port, HTTP or HTTPS (default %(default)s)")
     if gateway:
         p.add_argument("--redis-url", required=True, help="the Redis that gateways and workers share: redis:// or rediss:// "
                        "(TLS), redis+cluster://HOST:PORT[,HOST:PORT...] (a Redis Cluster), or "
@@ -195,35 +203,35 @@ def _add_server_options(p: argparse.ArgumentParser, gateway: bool) -> None:
                    help="TURN server URL (repeatable) handed out with a credential minted per request that expires after "
                         "--turn-ttl, from the secret it shares with coturn's --static-auth-secret "
                         "(STREAMSERVER_TURN_SECRET or STREAMSERVER_TURN_SECRET_FILE)")
-    p.add_argument("--turn-ttl", type=float, default=Settings.turn_ttl_s, metavar="S",
+    p.add_argument("--turn-ttl", type=_seconds, default=Settings.turn_ttl_s, metavar="S",
                    help="lifetime of a minted TURN credential (default %(default)s)")
-    p.add_argument("--max-students", type=int, default=Settings.max_students,
+    p.add_argument("--max-students", type=_count, default=Settings.max_students,
                    help="per room, the whole room across gateways (seat leases; default %(default)s)")
-    p.add_argument("--idle-seat", type=float, default=Settings.idle_seat_s, metavar="S",
+    p.add_argument("--idle-seat", type=_seconds_or_0, default=Settings.idle_seat_s, metavar="S",
                    help="end a student's stream that brings no audio this long, and free its seat (0: never; "
                         "default %(default)s)")
-    p.add_argument("--offers-per-minute", type=int, default=Settings.offers_per_minute, metavar="N",
+    p.add_argument("--offers-per-minute", type=_count_or_0, default=Settings.offers_per_minute, metavar="N",
                    help="WebRTC offers a minute from one client address, and with one link (0: no limit; default "
                         "%(default)s)")
     p.add_argument("--public-url", help="base URL put in the links handed out (default http://HOST:PORT)")
-    p.add_argument("--link-ttl", type=float, default=Settings.token_ttl_s, metavar="S",
+    p.add_argument("--link-ttl", type=_seconds, default=Settings.token_ttl_s, metavar="S",
                    help="lifetime of the room links handed out (default %(default)s)")
-    p.add_argument("--room-idle-expiry", type=float, default=Settings.room_idle_ttl_s, metavar="S",
+    p.add_argument("--room-idle-expiry", type=_seconds, default=Settings.room_idle_ttl_s, metavar="S",
                    help="a room nobody used this long is gone (default %(default)s)")
-    p.add_argument("--max-queue-wait", type=float, default=Settings.max_queue_wait_s, metavar="S",
+    p.add_argument("--max-queue-wait", type=_seconds, default=Settings.max_queue_wait_s, metavar="S",
                    help="answer new students 'busy' (503) when the expected transcription wait passes this (default %(default)s)")
     p.add_argument("--expected-speaking", type=_share, default=Settings.expected_speaking, metavar="SHARE",
                    help="share of the time a student is expected to speak: new students are answered 'busy' "
                         "when the workers could not keep up with every connected student speaking that much, or "
                         "the more they are measured to speak (default %(default)s)")
-    p.add_argument("--max-queued", type=int, nargs=3, default=astuple(Bounds()), metavar=("ALL", "ROOM", "STUDENT"),
+    p.add_argument("--max-queued", type=_count, nargs=3, default=astuple(Bounds()), metavar=("ALL", "ROOM", "STUDENT"),
                    help="utterances that may wait for recognition in all, per room and per student; past them an "
                         "utterance is dropped with an event and the room answers busy (default %(default)s)")
-    p.add_argument("--max-audio-rate", type=float, default=Settings.max_audio_rate, metavar="X",
+    p.add_argument("--max-audio-rate", type=_times_real_time, default=Settings.max_audio_rate, metavar="X",
                    help="a student's stream sending faster than X times real time is closed (default %(default)s)")
-    p.add_argument("--header-timeout", type=float, default=Settings.header_timeout_s, metavar="S",
+    p.add_argument("--header-timeout", type=_seconds, default=Settings.header_timeout_s, metavar="S",
                    help="close a connection that has not sent a whole request (or sat idle) this long (default %(default)s)")
-    p.add_argument("--metrics-port", type=int, metavar="PORT",
+    p.add_argument("--metrics-port", type=_port, metavar="PORT",
                    help="also serve /metrics without the admin token on --metrics-host:PORT (an internal address)")
     p.add_argument("--metrics-host", default=METRICS_HOST, help="the address of --metrics-port (default %(default)s)")
     p.add_argument("--redis-ca", metavar="FILE", help="CA certificate of a rediss:// (TLS) Redis (default: the system's CAs)")
@@ -546,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model", type=_model, default=DEFAULT_MODEL, metavar="NAME|DIR", help=MODEL_HELP)
     t.add_argument("--language", choices=("en", "zh", "auto"), default="en", help="the language spoken (default %(default)s)")
     t.add_argument("--backend", choices=(*ENGINES, "auto"), default=DEFAULT_BACKEND, help=BACKEND_HELP)
-    t.add_argument("--threads", type=int, help=THREADS_HELP)
+    t.add_argument("--threads", type=_count, help=THREADS_HELP)
     t.add_argument("--policy", choices=sorted(POLICIES), help="encoder input length policy (default: measured per model)")
     t.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION, help="weight precision of the ONNX graphs")
     t.add_argument("--prompt", help="initial prompt: vocabulary or style to expect (default for zh: a simplified-Chinese sentence)")
@@ -565,7 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_options(s, gateway=False)
     s.add_argument("--model", type=_model, default=Settings.model, metavar="NAME|DIR", help=MODEL_HELP)
     s.add_argument("--backend", choices=(*ENGINES, "auto"), default=Settings.backend, help=BACKEND_HELP)
-    s.add_argument("--threads", type=int, help=THREADS_HELP)
+    s.add_argument("--threads", type=_count, help=THREADS_HELP)
     s.add_argument("--demo-room", metavar="NAME", help="create a room at start and print its teacher and student URLs")
     s.set_defaults(handler=_serve)
 
@@ -581,7 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--fallback-after", type=_positive_seconds, default=Settings.fallback_after_s, metavar="SECONDS",
                    help="how long a queued utterance may wait for a central worker before the fallback takes it "
                         "(default %(default)g)")
-    g.add_argument("--fallback-threads", type=int,
+    g.add_argument("--fallback-threads", type=_count,
                    help=f"CPU threads of the fallback model (default: the machine's cores, at most {FALLBACK_THREADS_MAX})")
     g.add_argument("--processes", type=_processes, default=1, metavar="N|auto",
                    help="run N gateways from this command, on one port (the kernel deals connections over them) and "
@@ -595,15 +603,15 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--redis-prefix", default=Settings.redis_prefix, metavar="PREFIX", help=REDIS_PREFIX_HELP)
     w.add_argument("--model", type=_model, default=Settings.model, metavar="NAME|DIR", help=MODEL_HELP)
     w.add_argument("--backend", choices=(*ENGINES, "auto"), default=Settings.backend, help=BACKEND_HELP)
-    w.add_argument("--threads", type=int, help=THREADS_HELP)
-    w.add_argument("--max-batch", type=int,
+    w.add_argument("--threads", type=_count, help=THREADS_HELP)
+    w.add_argument("--max-batch", type=_count,
                    help=f"the most utterances recognised in one engine call (default {GPU_MAX_BATCH} on a GPU, "
                         f"{Settings.max_batch} on a CPU)")
     _add_retention_option(w)
     _add_partial_options(w, interval=False)
     w.add_argument("--name", help="consumer name in the Redis group (default: HOST-PID-RANDOM, new at every start)")
     w.add_argument("--metrics-host", default=METRICS_HOST, help="the address of --metrics-port (default %(default)s)")
-    w.add_argument("--metrics-port", type=int, help="serve /metrics, /healthz, /readyz here")
+    w.add_argument("--metrics-port", type=_port, help="serve /metrics, /healthz, /readyz here")
     w.set_defaults(handler=_worker)
 
     loadsim_cli.add_parser(commands)
@@ -616,7 +624,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--precision", choices=tensorrt_builder.PRECISIONS, default=tensorrt_builder.PRECISION,
                    help="int8 calibrates the encoder on --calibration-dir; TensorRT-RTX builds fp32 only (default %(default)s)")
     b.add_argument("--calibration-dir", type=Path, metavar="DIR", help="representative speech files for int8 calibration")
-    b.add_argument("--max-batch", type=int, default=ProfileSettings.max_batch,
+    b.add_argument("--max-batch", type=_count, default=ProfileSettings.max_batch,
                    help="largest batch the engines accept (default %(default)s)")
     b.set_defaults(handler=_engine_build)
     return parser

@@ -42,6 +42,28 @@ def test_a_bad_environment_value_is_a_usage_error(capsys):
     assert exit_.value.code == 2 and "STREAMSERVER_VAD_HANGOVER_MS" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [
+    ["serve", "--port", "99999"], ["serve", "--port", "0"], ["serve", "--max-students", "0"],
+    ["serve", "--header-timeout", "-1"], ["serve", "--idle-seat", "-5"], ["serve", "--max-queue-wait", "nan"],
+    ["serve", "--link-ttl", "0"], ["serve", "--max-audio-rate", "0.5"], ["serve", "--max-queued", "10", "0", "2"],
+    ["serve", "--offers-per-minute", "-1"], ["serve", "--threads", "0"], ["serve", "--metrics-port", "70000"],
+    ["worker", "--redis-url", "redis://x", "--max-batch", "0"], ["engine", "build", "--max-batch", "-1"],
+    ["gateway", "--redis-url", "redis://x", "--fallback-threads", "0"],
+])
+def test_numbers_a_server_cannot_use_are_usage_errors(argv, capsys):
+    """A port past 65535 was a traceback at bind; no students, a negative wait or a batch of none
+    started a server that could serve nobody."""
+    with pytest.raises(SystemExit) as exit_:
+        parse({}, argv)
+    assert exit_.value.code == 2 and "is outside" in capsys.readouterr().err
+
+
+def test_the_edges_of_those_numbers_are_taken():
+    args = parse({}, ["serve", "--port", "65535", "--idle-seat", "0", "--offers-per-minute", "0", "--max-audio-rate", "1"])
+    assert (args.port, args.idle_seat, args.offers_per_minute, args.max_audio_rate) == (65535, 0, 0, 1)
+    assert parse({"STREAMSERVER_MAX_STUDENTS": "10000"}, ["serve"]).max_students == 10000
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--version"])
