@@ -20,10 +20,9 @@ from streamserver.instance import instance_name
 
 # Live captions (asr/worker.py): while the engine has headroom, always, never.
 PARTIAL_MODES = ("auto", "on", "off")
-# A worker's batch on a GPU, where rows cost little: the GPU engine's decoder slots
-# (engines/gpu/engine.py). Batches only grow this large behind a backlog, where a row of 256
-# costs the GPU about three quarters of a row of 64 (benchmarks/README.md, "GPU engine").
-GPU_MAX_BATCH = 256
+# A worker's batch on a GPU, where rows cost little: the GPU engine's largest encoder graph
+# (engines/gpu/engine.py ENCODER_BUCKETS), so that a lecture's peak fills few batches.
+GPU_MAX_BATCH = 64
 THREADS_MAX = 4  # inference threads, unless given: the CPU's cores up to this many
 
 
