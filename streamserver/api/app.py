@@ -192,7 +192,7 @@ async def create_room(request: web.Request) -> web.Response:
     except links.LinkRequestError as error:
         return _error(400, str(error))
     try:
-        room = await classroom.directory.create(name.strip(), language, size)
+        room = await classroom.directory.create(name, language, size)
     except BusError as error:
         return _error(503, f"room not created: {error}")
     base = settings.public_url or f"{request.scheme}://{request.host}"
