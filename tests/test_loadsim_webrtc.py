@@ -152,16 +152,18 @@ def test_the_packets_client_keeps_real_time_for_80_students(monkeypatch, tmp_pat
     assert new["lost"] == 0 and new["never_queued"] == 0 and new["lost_vs_queued"] == 0 and new["duplicates"] == 0
 
 
-def test_fast_rtp_delivers_the_plan_to_the_server_as_aiortcs_sender_would():
+def test_fast_rtp_delivers_the_plan_to_the_server_as_aiortcs_sender_would(monkeypatch):
     """A bound track (FastRtp: header packed by the track, aiortc's SRTP session, the ICE pair's
     socket) against the server's receiver: every packet of the plan arrives, in order, and the
-    clip's audio is intact; the aiortc and aioice internals it reads are there."""
+    clip's audio is intact; its sender reports (BrowserReports, their interval shortened here)
+    reach the server, counting what FastRtp sent; the aiortc and aioice internals it reads are there."""
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
     from streamserver.loadsim import webrtc_student
     from streamserver.transport import webrtc
     from streamserver.transport.candidates import CandidatePolicy
 
+    monkeypatch.setattr(webrtc_student, "RTCP_INTERVAL_S", 0.3)
     clips = load_clips()
     clip = min(clips, key=lambda c: len(c.pcm))
     got: list[np.ndarray] = []
@@ -185,7 +187,14 @@ def test_fast_rtp_delivers_the_plan_to_the_server_as_aiortcs_sender_would():
         await asyncio.wait_for(track.finished.wait(), 20)
         await asyncio.sleep(0.3)  # the last packets in flight
         sender = client.getTransceivers()[0].sender
-        found = {"RTCRtpSender._ssrc": hasattr(sender, "_ssrc"), "RTCRtpSender.transport": sender.transport is not None,
+        reports = server.getTransceivers()[0].receiver._RTCRtpReceiver__lsr
+        assert type(sender) is webrtc_student.BrowserReports and sender.fast is not None and sender.fast.packets > 0
+        assert set(reports) == {sender._ssrc} and reports[sender._ssrc] > 0  # the last report's NTP time, as read
+        found = {"RTCRtpSender._RTCRtpSender__rtcp_started": sender._RTCRtpSender__rtcp_started.is_set(),
+                 "RTCRtpSender._RTCRtpSender__rtcp_exited": hasattr(sender, "_RTCRtpSender__rtcp_exited"),
+                 "RTCRtpSender._RTCRtpSender__cname": bool(sender._RTCRtpSender__cname),
+                 "RTCRtpSender._send_rtcp": hasattr(sender, "_send_rtcp"),
+                 "RTCRtpSender._ssrc": hasattr(sender, "_ssrc"), "RTCRtpSender.transport": sender.transport is not None,
                  "RTCDtlsTransport._tx_srtp": sender.transport._tx_srtp is not None,
                  "RTCIceTransport._connection": hasattr(sender.transport.transport, "_connection"),
                  "RTCRtpTransceiver._codecs": bool(client.getTransceivers()[0]._codecs)}

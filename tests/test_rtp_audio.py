@@ -76,6 +76,7 @@ def test_the_aiortc_internals_it_relies_on_are_there():
     assert _parameters(RTCRtpReceiver._handle_rtp_packet) == ["self", "packet", "arrival_time_ms"]
     assert _parameters(RTCRtpReceiver._handle_rtcp_packet) == ["self", "packet"]
     assert _parameters(RTCRtpReceiver._handle_disconnect) == ["self"]
+    assert _parameters(RTCRtpReceiver._run_rtcp) == ["self"]
     assert _parameters(RTCRtpReceiver.stop) == ["self"]
     assert "receiver._handle_rtp_packet(packet, arrival_time_ms=" in inspect.getsource(RTCDtlsTransport._handle_rtp_data)
     assert "receiver._handle_disconnect()" in inspect.getsource(RTCDtlsTransport)
@@ -319,6 +320,38 @@ def test_a_peer_is_decoded_in_the_event_loop_and_ends_once(packets):
     assert sum(g.size for g in got) >= 60 * SAMPLES and all(g.dtype == np.int16 for g in got)
     assert ended == [True]
     assert re.findall(r"a=rtpmap:\d+ (\S+)", answer) == ["opus/48000/2"]  # Opus only
+
+
+def test_receiver_reports_reach_the_student_and_time_its_round_trip(packets, monkeypatch):
+    """The gateway's own receiver reports (every RTCP_INTERVAL_S, shortened here): the student's
+    aiortc sender reads its round-trip time from one that answers its last sender report (LSR
+    and DLSR right), and sees the packets it sent counted (the highest sequence number)."""
+    monkeypatch.setattr(rtp_audio, "RTCP_INTERVAL_S", 0.2)
+
+    async def body() -> tuple[float | None, list]:
+        client, server, _ = await _connect(Packets(packets[:150]), lambda pcm: None, lambda: None)
+        sender = client.getSenders()[0]
+        reports: list = []
+        handle = sender._handle_rtcp_packet
+
+        async def seen(packet) -> None:  # noqa: ANN001 - aiortc's RTCP packet
+            reports.append(packet)
+            await handle(packet)
+
+        sender._handle_rtcp_packet = seen
+        for _ in range(60):  # the student's first sender report comes 0.5-1.5 s in
+            if sender._RTCRtpSender__rtt is not None:
+                break
+            await asyncio.sleep(0.1)
+        rtt = sender._RTCRtpSender__rtt
+        await client.close()
+        await server.close()
+        return rtt, reports
+
+    rtt, reports = asyncio.run(asyncio.wait_for(body(), 30))
+    assert rtt is not None and 0 <= rtt < 0.5, rtt
+    rr = [p for p in reports if type(p).__name__ == "RtcpRrPacket"]
+    assert rr and all(len(p.reports) == 1 and p.reports[0].highest_sequence > 0 for p in rr)
 
 
 def test_a_peer_faster_than_real_time_is_closed(packets):

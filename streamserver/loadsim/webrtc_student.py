@@ -32,7 +32,10 @@ from typing import Callable, NamedTuple
 
 import av
 import numpy as np
+from aiortc import RTCRtpSender
+from aiortc.clock import current_ntp_time
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtp import RtcpByePacket, RtcpSdesPacket, RtcpSenderInfo, RtcpSourceInfo, RtcpSrPacket
 
 from streamserver.loadsim.config import LoadConfig
 from streamserver.loadsim.opus_encoder import OpusEncoder, sent_as_browser
@@ -247,7 +250,7 @@ class FastRtp:
     aiortc's own session for the peer, out of the nominated ICE pair's socket at once. aiortc's
     sender would build an RtpPacket with three header extensions and pass it through two
     coroutines for every packet: at 2,000 students that costs the simulator a third of the host's
-    cores, on the cores the server under test runs on. Its RTCP (sender reports) stays aiortc's.
+    cores, on the cores the server under test runs on. Its sender reports: BrowserReports.
     Reads aiortc internals: the names in AIORTC_SENDER_INTERNALS (tests/test_loadsim_webrtc.py)."""
 
     def __init__(self, sender, payload_type: int) -> None:  # noqa: ANN001 - aiortc's RTCRtpSender
@@ -258,6 +261,8 @@ class FastRtp:
         self._pt = payload_type & 0x7F
         self._seq, self._ts = random.getrandbits(16), random.getrandbits(32)
         self._sent = 0  # sequence numbers count the packets sent; under DTX fewer than the stream's 20 ms steps
+        self.octets = 0  # payload bytes sent, and the last packet's RTP timestamp: for the sender reports
+        self.last_ts = self._ts
 
     def send(self, index: int, payload: bytes) -> None:
         """Packet `index` (its 20 ms step) of the stream (ConnectionError once the connection is gone)."""
@@ -265,10 +270,50 @@ class FastRtp:
         transport = pair.protocol.transport if pair is not None else None
         if transport is None or transport.is_closing():
             raise ConnectionError("the student's ICE connection is closed")
-        header = _RTP_HEADER.pack(0x80, self._pt, (self._seq + self._sent) & 0xFFFF,
-                                  (self._ts + index * PACKET_SAMPLES) & 0xFFFFFFFF, self._ssrc)
+        self.last_ts = (self._ts + index * PACKET_SAMPLES) & 0xFFFFFFFF
+        header = _RTP_HEADER.pack(0x80, self._pt, (self._seq + self._sent) & 0xFFFF, self.last_ts, self._ssrc)
         transport.sendto(self._srtp.protect(header + payload), pair.remote_addr)
         self._sent += 1
+        self.octets += len(payload)
+
+    @property
+    def packets(self) -> int:
+        return self._sent
+
+
+RTCP_INTERVAL_S = 5.0  # between a browser's sender reports for audio (libwebrtc's audio interval)
+
+
+class BrowserReports(RTCRtpSender):
+    """aiortc's sender of a simulated student, its RTCP as a browser's audio sender sends it:
+    a sender report with the student's CNAME every RTCP_INTERVAL_S (randomised 0.5-1.5x), where
+    aiortc reports every 0.5-1.5 s, so that a gateway handles as many reports as browsers send
+    it; the reports count what FastRtp sent (aiortc's own counters see none of it). A BYE at the
+    end, as aiortc sends. Installed by OpusPlanTrack.bind() before the sender starts."""
+
+    fast: FastRtp | None = None
+
+    async def _run_rtcp(self) -> None:
+        self._RTCRtpSender__rtcp_started.set()
+        try:
+            while True:
+                await asyncio.sleep(RTCP_INTERVAL_S * (0.5 + random.random()))
+                await self._send_rtcp(self._report())
+        except asyncio.CancelledError:
+            pass
+        try:
+            await self._send_rtcp([RtcpByePacket(sources=[self._ssrc])])
+        finally:
+            self._RTCRtpSender__rtcp_exited.set()
+
+    def _report(self) -> list:
+        fast = self.fast
+        info = RtcpSenderInfo(ntp_timestamp=current_ntp_time(), rtp_timestamp=fast.last_ts if fast else 0,
+                              packet_count=fast.packets & 0xFFFFFFFF if fast else 0,
+                              octet_count=fast.octets & 0xFFFFFFFF if fast else 0)
+        cname = self._RTCRtpSender__cname
+        sdes = [RtcpSdesPacket(chunks=[RtcpSourceInfo(ssrc=self._ssrc, items=[(1, cname.encode())])])] if cname else []
+        return [RtcpSrPacket(ssrc=self._ssrc, sender_info=info), *sdes]
 
 
 _RTP_HEADER = struct.Struct("!BBHLL")
@@ -276,7 +321,9 @@ _RTP_HEADER = struct.Struct("!BBHLL")
 # them on a connected peer).
 AIORTC_SENDER_INTERNALS = ("RTCRtpSender._ssrc", "RTCRtpSender.transport", "RTCDtlsTransport._tx_srtp",
                            "RTCIceTransport._connection", "Connection._nominated", "CandidatePair.protocol",
-                           "CandidatePair.remote_addr", "StunProtocol.transport", "RTCRtpTransceiver._codecs")
+                           "CandidatePair.remote_addr", "StunProtocol.transport", "RTCRtpTransceiver._codecs",
+                           "RTCRtpSender._RTCRtpSender__rtcp_started", "RTCRtpSender._RTCRtpSender__rtcp_exited",
+                           "RTCRtpSender._RTCRtpSender__cname", "RTCRtpSender._send_rtcp")
 
 
 class OpusPlanTrack(_StudentTrack):
@@ -309,7 +356,17 @@ class OpusPlanTrack(_StudentTrack):
     def bind(self, pc) -> None:  # noqa: ANN001 - aiortc's RTCPeerConnection, this track added to it
         """Send this track's packets with FastRtp over `pc` rather than through aiortc's sender."""
         transceiver = next(t for t in pc.getTransceivers() if t.sender.track is self)
-        self._fast = lambda: FastRtp(transceiver.sender, transceiver._codecs[0].payloadType)
+        sender = transceiver.sender
+        if type(sender) is RTCRtpSender:  # not started yet: its RTCP loop is BrowserReports'
+            sender.__class__ = BrowserReports
+
+        def fast() -> FastRtp:
+            made = FastRtp(sender, transceiver._codecs[0].payloadType)
+            if isinstance(sender, BrowserReports):
+                sender.fast = made
+            return made
+
+        self._fast = fast
 
     def use_dtx(self) -> None:
         """The server asked for DTX (its answer's `usedtx=1`: transport/dtx.py)."""

@@ -17,6 +17,10 @@ packet when it carries it, else packet loss concealment), a longer gap in the RT
 as the time passes: transport/dtx.py), so the VAD sees the stream's own
 timeline and an utterance ends after the same hangover as over the WebSocket ingest.
 
+Receiver reports go to the student every RTCP_INTERVAL_S (randomised 0.5-1.5x as RFC 3550
+asks): libwebrtc's interval for an audio stream, where aiortc reports every 0.5-1.5 s. A browser
+sends its own sender reports for audio at that interval too.
+
 This relies on aiortc internals: the names in AIORTC_INTERNALS, checked against the pinned
 aiortc (pyproject.toml) by tests/test_rtp_audio.py.
 """
@@ -28,6 +32,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import random
 import struct
 import time
 from pathlib import Path
@@ -41,7 +46,7 @@ from aiortc import RTCRtpReceiver
 from aiortc.rtcdtlstransport import RTCDtlsTransport
 from aiortc.rtcicetransport import RTCIceTransport
 from aiortc.rtcrtpreceiver import StreamStatistics
-from aiortc.rtp import RtcpByePacket, RtpPacket, is_rtcp
+from aiortc.rtp import RtcpByePacket, RtcpReceiverInfo, RtcpRrPacket, RtpPacket, is_rtcp
 
 from streamserver.stages import PcmTaker
 from streamserver.transport import dtx
@@ -58,6 +63,7 @@ MAX_GAP = RATE * 2  # the most silence put in for a gap; a longer jump in timest
 HOLD = 3  # packets held after a missing one (60 ms at 20 ms) before it is given up as lost
 MAX_JUMP = 1000  # sequence numbers: a larger jump is a new start, not a loss
 OPUS_OK = 0
+RTCP_INTERVAL_S = 5.0  # between receiver reports: libwebrtc's for audio (aiortc's 1 s and the students' own were a fifth of a silent student's cost)
 
 # (class, attribute) pairs of aiortc this module reads or writes; the test fails if one goes.
 AIORTC_INTERNALS = (
@@ -66,6 +72,12 @@ AIORTC_INTERNALS = (
     (RTCRtpReceiver, "_RTCRtpReceiver__rtcp_task"),
     (RTCRtpReceiver, "_RTCRtpReceiver__started"),
     (RTCRtpReceiver, "_RTCRtpReceiver__decoder_thread"),
+    (RTCRtpReceiver, "_RTCRtpReceiver__rtcp_started"),
+    (RTCRtpReceiver, "_RTCRtpReceiver__rtcp_exited"),
+    (RTCRtpReceiver, "_RTCRtpReceiver__rtcp_ssrc"),
+    (RTCRtpReceiver, "_RTCRtpReceiver__lsr"),
+    (RTCRtpReceiver, "_RTCRtpReceiver__lsr_time"),
+    (RTCRtpReceiver, "_send_rtcp"),
     (RTCRtpReceiver, "_track"),
     (RTCRtpReceiver, "_enabled"),
     (RTCIceTransport, "_connection"),
@@ -362,6 +374,34 @@ class AudioReceiver(RTCRtpReceiver):
         pair = connection._nominated.get(1)
         if pair is not None and type(pair.protocol) is aioice.ice.StunProtocol:
             pair.protocol.__class__ = _RtpFirstProtocol
+
+    async def _run_rtcp(self) -> None:
+        """Receiver reports every RTCP_INTERVAL_S, randomised; aiortc's stop() waits for the two events."""
+        self._RTCRtpReceiver__rtcp_started.set()
+        try:
+            while True:
+                await asyncio.sleep(RTCP_INTERVAL_S * (0.5 + random.random()))
+                if (report := self._receiver_report()) is not None:
+                    await self._send_rtcp(report)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._RTCRtpReceiver__rtcp_exited.set()
+
+    def _receiver_report(self) -> RtcpRrPacket | None:
+        """Loss, jitter and the last sender report's time (for the sender's round-trip time) of
+        each stream received; None before the transceiver has given this side an SSRC."""
+        ssrc, streams = self._RTCRtpReceiver__rtcp_ssrc, self._RTCRtpReceiver__remote_streams
+        if ssrc is None or not streams:
+            return None
+        last_sr, last_sr_at, now = self._RTCRtpReceiver__lsr, self._RTCRtpReceiver__lsr_time, time.time()
+        reports = []
+        for source, stats in streams.items():
+            since = now - last_sr_at[source] if source in last_sr else 0.0
+            reports.append(RtcpReceiverInfo(ssrc=source, fraction_lost=stats.fraction_lost, packets_lost=stats.packets_lost,
+                                            highest_sequence=stats.max_seq, jitter=stats.jitter,
+                                            lsr=last_sr.get(source, 0), dlsr=int(since * 65536) if 0 < since < 65536 else 0))
+        return RtcpRrPacket(ssrc=ssrc, reports=reports)
 
     async def _handle_rtp_packet(self, packet: RtpPacket, arrival_time_ms: int) -> None:
         self._receive(packet)  # packets aiortc's path carried (before the shortcut was set)
