@@ -324,13 +324,14 @@ def test_a_peer_is_decoded_in_the_event_loop_and_ends_once(packets):
 
 def test_receiver_reports_reach_the_student_and_time_its_round_trip(packets, monkeypatch):
     """The gateway's own receiver reports (every RTCP_INTERVAL_S, shortened here): the student's
-    aiortc sender reads its round-trip time from one that answers its last sender report (LSR
-    and DLSR right), and sees the packets it sent counted (the highest sequence number)."""
+    aiortc sender finds its last sender report in one (LSR) and so gets a round-trip time; the
+    delay since that report (DLSR) is the time since the gateway received it, and the packets
+    the student sent are counted (the extended highest sequence number)."""
     monkeypatch.setattr(rtp_audio, "RTCP_INTERVAL_S", 0.2)
 
-    async def body() -> tuple[float | None, list]:
-        client, server, _ = await _connect(Packets(packets[:150]), lambda pcm: None, lambda: None)
-        sender = client.getSenders()[0]
+    async def body() -> tuple[float | None, list, tuple]:
+        client, server, _ = await _connect(Packets(packets[:300]), lambda pcm: None, lambda: None)
+        sender, receiver = client.getSenders()[0], server.getTransceivers()[0].receiver
         reports: list = []
         handle = sender._handle_rtcp_packet
 
@@ -339,17 +340,24 @@ def test_receiver_reports_reach_the_student_and_time_its_round_trip(packets, mon
             await handle(packet)
 
         sender._handle_rtcp_packet = seen
-        for _ in range(60):  # the student's first sender report comes 0.5-1.5 s in
+        for _ in range(150):  # the student's first sender report comes 0.5-1.5 s in
             if sender._RTCRtpSender__rtt is not None:
                 break
             await asyncio.sleep(0.1)
-        rtt = sender._RTCRtpSender__rtt
+        own = receiver._receiver_report()
+        at, received = time.time(), dict(receiver._RTCRtpReceiver__lsr_time)
+        stats = next(iter(receiver._RTCRtpReceiver__remote_streams.values()))
+        extended, rtt = stats.cycles + stats.max_seq, sender._RTCRtpSender__rtt  # before any await
         await client.close()
         await server.close()
-        return rtt, reports
+        return rtt, reports, (own, at, received, extended)
 
-    rtt, reports = asyncio.run(asyncio.wait_for(body(), 30))
-    assert rtt is not None and 0 <= rtt < 0.5, rtt
+    rtt, reports, (own, at, received, extended) = asyncio.run(asyncio.wait_for(body(), 40))
+    assert rtt is not None  # a report answered the student's last sender report
+    (block,) = own.reports
+    assert block.lsr > 0
+    assert abs(block.dlsr / 65536 - (at - received[block.ssrc])) < 0.01, (block.dlsr, at, received)
+    assert block.highest_sequence == extended > 0
     rr = [p for p in reports if type(p).__name__ == "RtcpRrPacket"]
     assert rr and all(len(p.reports) == 1 and p.reports[0].highest_sequence > 0 for p in rr)
 

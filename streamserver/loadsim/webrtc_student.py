@@ -43,6 +43,7 @@ from streamserver.loadsim.scenario import RATE, Turn, load_clips
 from streamserver.transport.dtx import is_dtx
 from streamserver.loadsim.ws_student import PlayHooks
 
+log = logging.getLogger(__name__)
 OPUS_RATE = 48_000  # RTP's Opus clock, and what a browser's microphone captures at
 PACKET_S = 0.020  # of audio per packet (browsers' and aiortc's ptime)
 PACKET_SAMPLES = int(OPUS_RATE * PACKET_S)
@@ -261,8 +262,8 @@ class FastRtp:
         self._pt = payload_type & 0x7F
         self._seq, self._ts = random.getrandbits(16), random.getrandbits(32)
         self._sent = 0  # sequence numbers count the packets sent; under DTX fewer than the stream's 20 ms steps
-        self.octets = 0  # payload bytes sent, and the last packet's RTP timestamp: for the sender reports
-        self.last_ts = self._ts
+        self.octets = 0  # payload bytes sent, the last packet's RTP timestamp and when: for the sender reports
+        self.last_ts, self.last_at = self._ts, time.time()
 
     def send(self, index: int, payload: bytes) -> None:
         """Packet `index` (its 20 ms step) of the stream (ConnectionError once the connection is gone)."""
@@ -270,7 +271,7 @@ class FastRtp:
         transport = pair.protocol.transport if pair is not None else None
         if transport is None or transport.is_closing():
             raise ConnectionError("the student's ICE connection is closed")
-        self.last_ts = (self._ts + index * PACKET_SAMPLES) & 0xFFFFFFFF
+        self.last_ts, self.last_at = (self._ts + index * PACKET_SAMPLES) & 0xFFFFFFFF, time.time()
         header = _RTP_HEADER.pack(0x80, self._pt, (self._seq + self._sent) & 0xFFFF, self.last_ts, self._ssrc)
         transport.sendto(self._srtp.protect(header + payload), pair.remote_addr)
         self._sent += 1
@@ -294,23 +295,35 @@ class BrowserReports(RTCRtpSender):
     fast: FastRtp | None = None
 
     async def _run_rtcp(self) -> None:
+        """Until cancelled (aiortc's stop() waits for the two events, whatever happens here)."""
         self._RTCRtpSender__rtcp_started.set()
         try:
             while True:
                 await asyncio.sleep(RTCP_INTERVAL_S * (0.5 + random.random()))
-                await self._send_rtcp(self._report())
+                try:
+                    await self._send_rtcp(self._report())
+                except Exception:  # noqa: BLE001 - one report lost; the student's stream goes on
+                    log.exception("a simulated student's sender report failed")
         except asyncio.CancelledError:
             pass
-        try:
-            await self._send_rtcp([RtcpByePacket(sources=[self._ssrc])])
         finally:
-            self._RTCRtpSender__rtcp_exited.set()
+            try:
+                await self._send_rtcp([RtcpByePacket(sources=[self._ssrc])])
+            except Exception:  # noqa: BLE001 - the gateway then sees the stream end by its transport
+                log.debug("a simulated student's BYE was not sent", exc_info=True)
+            finally:
+                self._RTCRtpSender__rtcp_exited.set()
 
     def _report(self) -> list:
-        fast = self.fast
-        info = RtcpSenderInfo(ntp_timestamp=current_ntp_time(), rtp_timestamp=fast.last_ts if fast else 0,
+        """A sender report (its NTP and RTP times of one moment, as RFC 3550 asks) and the CNAME;
+        the report's time is kept for the round-trip time the gateway's next report gives."""
+        fast, now = self.fast, time.time()
+        ntp = current_ntp_time()
+        rtp_now = (fast.last_ts + int((now - fast.last_at) * OPUS_RATE)) & 0xFFFFFFFF if fast else 0
+        info = RtcpSenderInfo(ntp_timestamp=ntp, rtp_timestamp=rtp_now,
                               packet_count=fast.packets & 0xFFFFFFFF if fast else 0,
                               octet_count=fast.octets & 0xFFFFFFFF if fast else 0)
+        self._RTCRtpSender__lsr, self._RTCRtpSender__lsr_time = (ntp >> 16) & 0xFFFFFFFF, now
         cname = self._RTCRtpSender__cname
         sdes = [RtcpSdesPacket(chunks=[RtcpSourceInfo(ssrc=self._ssrc, items=[(1, cname.encode())])])] if cname else []
         return [RtcpSrPacket(ssrc=self._ssrc, sender_info=info), *sdes]
@@ -323,7 +336,9 @@ AIORTC_SENDER_INTERNALS = ("RTCRtpSender._ssrc", "RTCRtpSender.transport", "RTCD
                            "RTCIceTransport._connection", "Connection._nominated", "CandidatePair.protocol",
                            "CandidatePair.remote_addr", "StunProtocol.transport", "RTCRtpTransceiver._codecs",
                            "RTCRtpSender._RTCRtpSender__rtcp_started", "RTCRtpSender._RTCRtpSender__rtcp_exited",
-                           "RTCRtpSender._RTCRtpSender__cname", "RTCRtpSender._send_rtcp")
+                           "RTCRtpSender._RTCRtpSender__cname", "RTCRtpSender._send_rtcp",
+                           "RTCRtpSender._RTCRtpSender__lsr", "RTCRtpSender._RTCRtpSender__lsr_time",
+                           "RTCRtpSender._RTCRtpSender__started")
 
 
 class OpusPlanTrack(_StudentTrack):
@@ -357,7 +372,9 @@ class OpusPlanTrack(_StudentTrack):
         """Send this track's packets with FastRtp over `pc` rather than through aiortc's sender."""
         transceiver = next(t for t in pc.getTransceivers() if t.sender.track is self)
         sender = transceiver.sender
-        if type(sender) is RTCRtpSender:  # not started yet: its RTCP loop is BrowserReports'
+        if type(sender) is RTCRtpSender:  # its RTCP loop is BrowserReports' once it starts
+            if sender._RTCRtpSender__started:
+                raise ValueError("bind() takes a track whose sender has not started")
             sender.__class__ = BrowserReports
 
         def fast() -> FastRtp:

@@ -381,16 +381,20 @@ class AudioReceiver(RTCRtpReceiver):
         try:
             while True:
                 await asyncio.sleep(RTCP_INTERVAL_S * (0.5 + random.random()))
-                if (report := self._receiver_report()) is not None:
-                    await self._send_rtcp(report)
+                try:
+                    if (report := self._receiver_report()) is not None:
+                        await self._send_rtcp(report)
+                except Exception:  # noqa: BLE001 - one report lost; the next goes out as usual
+                    log.exception("a receiver report to a student failed")
         except asyncio.CancelledError:
             pass
         finally:
             self._RTCRtpReceiver__rtcp_exited.set()
 
     def _receiver_report(self) -> RtcpRrPacket | None:
-        """Loss, jitter and the last sender report's time (for the sender's round-trip time) of
-        each stream received; None before the transceiver has given this side an SSRC."""
+        """Loss, jitter, the extended highest sequence number (RFC 3550: wraps counted) and the
+        last sender report's time (for the sender's round-trip time) of each stream received;
+        None before the transceiver has given this side an SSRC."""
         ssrc, streams = self._RTCRtpReceiver__rtcp_ssrc, self._RTCRtpReceiver__remote_streams
         if ssrc is None or not streams:
             return None
@@ -399,7 +403,7 @@ class AudioReceiver(RTCRtpReceiver):
         for source, stats in streams.items():
             since = now - last_sr_at[source] if source in last_sr else 0.0
             reports.append(RtcpReceiverInfo(ssrc=source, fraction_lost=stats.fraction_lost, packets_lost=stats.packets_lost,
-                                            highest_sequence=stats.max_seq, jitter=stats.jitter,
+                                            highest_sequence=stats.cycles + (stats.max_seq or 0), jitter=stats.jitter,
                                             lsr=last_sr.get(source, 0), dlsr=int(since * 65536) if 0 < since < 65536 else 0))
         return RtcpRrPacket(ssrc=ssrc, reports=reports)
 
