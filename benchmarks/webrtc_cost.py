@@ -113,10 +113,15 @@ def microphone(client: str, index: int, end: float, speak_ratio: float, seed: in
 
 
 async def packets_sent(students: list[Student]) -> int:
-    """RTP packets the students have sent so far (their senders' stats)."""
+    """20 ms packets of audio the students have streamed so far: a pre-encoded track's own count
+    of its steps (its packets go out through FastRtp, which aiortc's stats never see, and under
+    DTX one packet stands for many steps), else its sender's stats (aiortc's encoder: no DTX)."""
     total = 0
     for s in students:
         for sender in s.pc.getSenders():
+            if isinstance(sender.track, OpusPlanTrack):
+                total += sender.track.sent
+                continue
             for stat in (await sender.getStats()).values():
                 total += getattr(stat, "packetsSent", 0) if stat.type == "outbound-rtp" else 0
     return total
