@@ -45,10 +45,11 @@ def test_a_hundred_paced_streams_of_one_link_leave_both_rooms_every_utterance(se
     pacing) for 30 s, from one address; a real student speaks in room A and one in room B, each
     from an address of its own. A per-student link seats one student: every stream but the last
     is replaced (4001). The shared link seats the streams as admission plans them (on this 2-core
-    box about 100 students at the default planning figure: all 100, or all but a few answered
-    busy, 503); their address holds the most of room A's queue, so at the room's bound its
+    box about 100 students at the default planning figure; those past it are answered busy,
+    503); their address holds the most of room A's queue, so at the room's bound its
     utterances give way (some of them dropped: the flood did reach the bound), never the real
-    student's. Either way both real students get every clip transcribed and none dropped, room
+    student's; room B keeps its speculative finals meanwhile (AsrWorker.busiest_room). Either
+    way both real students get every clip transcribed and none dropped, room
     B's mean latency stays within 1.5x of its own before the flood, and the server's memory 10 s
     after the flood is within 1.25x of before it."""
     result = asyncio.run(run_parallel(server.url, ADMIN_TOKEN, server.proc.pid, streams=100, flood_s=30.0, rate=1.4,

@@ -29,6 +29,11 @@ partials while the engine has headroom (busy < HEADROOM; "on": always) -- under 
 always holds finals, and hints taken only between batches would come too late. A final whose
 speculation another worker is recognising waits for it (PENDING_S at most) rather than being
 recognised twice.
+Where one room keeps a CPU engine busy on its own (a flood on its link: the rest would leave the
+engine headroom), the gateways offer none of its hints, and the other rooms' speculative hints
+and finals take their turns (FairTurns) before its finals: a room's speculation is its own work,
+and without it each of its finals waits out the hangover, then the running row of the busy room,
+then its own recognition.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import logging
 import secrets
 import time
 from collections import Counter, OrderedDict, deque
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Awaitable, Coroutine, Iterator
 
 from engines.engine import Engine
@@ -137,6 +142,7 @@ class AsrWorker:
         self.transcribed = 0
         self._task: asyncio.Task | None = None
         self._busy: deque[tuple[float, float, bool]] = deque()  # (start, end, essential) of recent engine work
+        self._room_busy: deque[tuple[float, str, float]] = deque()  # (end, room, seconds) of the essential work
         self._waited = -1e9  # monotonic time a final last waited more than FINAL_WAIT_S in the queue
         self._hints_waiting = False  # the last look found hints: look again without waiting
         # Finals whose speculation another worker is recognising: they wait for it (PENDING_S at
@@ -236,7 +242,8 @@ class AsrWorker:
         while True:
             try:
                 await self.queue.heartbeat({"utt_per_s": round(self._rate, 2), "capacity": round(self.capacity(), 2),
-                                            "buffer": len(self.buffer), "hints": self.hints_taken()})
+                                            "buffer": len(self.buffer), "hints": self.hints_taken(),
+                                            "hints_except": self.busiest_room() or ""})
                 self.metrics.queue_depth.set(await self.queue.depth())
                 self.ready = self._calibrated
             except UNREACHABLE:
@@ -260,10 +267,11 @@ class AsrWorker:
                     await self._settle_deferred()
             size = self.batch_size()  # once: a read and the batch it feeds agree
             hints = self.hint_kinds()
+            busiest = None if hints is not None else self.busiest_room()
             if not self.buffer:
                 # No read-ahead: jobs this worker holds but has not started are the ones that
                 # wait for a claim if it dies, so it takes only what its next batch will use.
-                block_ms = 200 if hints is None else 0 if self._hints_waiting else HINT_POLL_MS
+                block_ms = 200 if hints is None and busiest is None else 0 if self._hints_waiting else HINT_POLL_MS
                 if self._deferred:
                     block_ms = min(block_ms, DEFERRED_POLL_MS)
                 try:
@@ -274,14 +282,29 @@ class AsrWorker:
                     log.warning("queue unavailable (%s)", error)
                     await asyncio.sleep(0.5)
                     continue
-            if not self.buffer:
+            elif busiest is not None and all(u.room_id == busiest for _, u in self.buffer):
+                # Another room's final that came meanwhile goes before the busiest room's (_in_turn):
+                # one look, without waiting; its speculation may be ready for it by now.
+                with suppress(*UNREACHABLE):
+                    self.buffer += await self.queue.read(size, 0)
+            if not self.buffer and busiest is None:
                 if hints is not None:  # partials too while they would ride (a GPU with headroom)
                     with self._step("hints"):
                         await self._take_hints(hints or self.partial_riders())
                 else:
                     self._hints_waiting = False
                 continue
-            batch = self._turns.batch(self.buffer, size, entry_share)
+            if busiest is None:
+                batch = self._turns.batch(self.buffer, size, entry_share)
+            else:
+                with self._step("hints"):
+                    batch = await self._in_turn(busiest, size)
+                if not batch:
+                    continue
+                if not batch[0][0]:  # speculations: their rooms' turn
+                    with self._step("hints"):
+                        await self._speculate(batch)
+                    continue
             self._in_progress = {eid for eid, _ in batch}  # not to be claimed back from ourselves
             try:
                 await self._recognised(batch)  # its publication goes on beside the next batch
@@ -321,8 +344,56 @@ class AsrWorker:
         if kinds or self.partial_riders():
             return "all"
         if kinds is None:
-            return "speculative" if self.engine.batch_rows_cheap else "none"
+            return "speculative" if self.engine.batch_rows_cheap or self.busiest_room() is not None else "none"
         return "speculative"
+
+    def busiest_room(self) -> str | None:
+        """On a CPU (one row a batch), the room whose work alone keeps the engine busy: past
+        HEADROOM of the last BUSY_WINDOW_S, while the other rooms' work would leave it headroom.
+        The other rooms' speculations then take turns with the finals (_in_turn); on an engine
+        busy with many rooms' work, none does: the finals have it all."""
+        if self.engine.batch_rows_cheap:
+            return None
+        busy = self.busy_ratio()
+        if busy < HEADROOM:
+            return None
+        horizon = time.monotonic() - BUSY_WINDOW_S
+        while self._room_busy and self._room_busy[0][0] < horizon:
+            self._room_busy.popleft()
+        by_room: Counter[str] = Counter()
+        for _, room, seconds in self._room_busy:
+            by_room[room] += seconds
+        if not by_room:
+            return None
+        room, seconds = by_room.most_common(1)[0]
+        return room if busy - seconds / BUSY_WINDOW_S < HEADROOM else None
+
+    async def _in_turn(self, busiest: str, size: int) -> list[Entry]:
+        """The next batch where one room keeps the engine busy (busiest_room): the other rooms'
+        finals in the buffer and their waiting speculative hints first, in their turns
+        (FairTurns), then the busiest room's finals; the buffer holds one final at a time here,
+        so the turns cannot see that room's backlog, and it had the engine for most of the
+        window. Speculations chosen come back marked (_speculating); the hints not chosen are
+        held for the next look."""
+        try:
+            # All there are: the gateways stop offering the busiest room's within a second, but
+            # those offered before wait ahead of the others'
+            hints = await self.queue.take_hints(self.max_batch, partials=False)
+        except UNREACHABLE:
+            hints = []
+        hints = [h for h in await self._with_held(hints, False) if h.room_id != busiest]
+        others = [entry for entry in self.buffer if entry[1].room_id != busiest] + [("", h) for h in hints]
+        if not others:
+            return self._turns.batch(self.buffer, size, entry_share)
+        chosen = self._turns.batch(others, size, entry_share)
+        self._hold([u for entry_id, u in others if not entry_id])
+        taken = {id(entry) for entry in chosen}
+        self.buffer = [entry for entry in self.buffer if id(entry) not in taken]
+        speculations = [u for entry_id, u in chosen if not entry_id]
+        if not speculations:
+            return chosen
+        self.buffer = [entry for entry in chosen if entry[0]] + self.buffer
+        return await self._speculating(speculations)
 
     def busy_ratio(self, with_partials: bool = False) -> float:
         """Share of the last BUSY_WINDOW_S the engine spent on finals and speculations (and
@@ -502,10 +573,14 @@ class AsrWorker:
         times the rows a second that finals do (engines/policy.py, CAPTION_WINDOWS), so counted
         it would seat classes that the finals then overload."""
         seconds = time.perf_counter() - started
+        end = time.monotonic()
         if essential:
             self._rate = 0.8 * self._rate + 0.2 * (len(entries) / max(seconds, 1e-3))
             self._batch_rows = 0.8 * self._batch_rows + 0.2 * len(entries)
-        end = time.monotonic()
+            for room, rows in Counter(u.room_id for _, u in entries).items():
+                self._room_busy.append((end, room, seconds * rows / len(entries)))
+            while self._room_busy and self._room_busy[0][0] < end - BUSY_WINDOW_S:
+                self._room_busy.popleft()
         self._busy.append((end - seconds, end, essential))
         if seconds > SLOW_BATCH_S:  # on a CPU every utterance costs about that: said at debug level there
             kinds = Counter(u.kind for _, u in entries)
@@ -549,16 +624,20 @@ class AsrWorker:
         self._hints_waiting = bool(hints)
         speculative = await self._speculating(hints)
         if speculative:
-            started = time.perf_counter()
-            results = await self.recogniser.run(speculative)
-            self._worked(started, speculative)
-            await self._publish_partials(await self._keep_speculations(results))
+            await self._speculate(speculative)
         partial = [("", u) for u in hints if u.kind == "partial"]
         if partial:
             started = time.perf_counter()
             results = await self.recogniser.run(partial)
             self._worked(started, partial, essential=False)
             await self._publish_partials(results)
+
+    async def _speculate(self, speculative: list[Entry]) -> None:
+        """Speculations marked (_speculating) recognised, kept for their finals, shown as captions."""
+        started = time.perf_counter()
+        results = await self.recogniser.run(speculative)
+        self._worked(started, speculative)
+        await self._publish_partials(await self._keep_speculations(results))
 
     async def _publish_partials(self, results: list[Result]) -> None:
         shown = [r for r in results if r[1] is not None and r[1].text]

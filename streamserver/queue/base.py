@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
 from streamserver.bus.connect import REDIS_FAILURES
 
@@ -33,11 +33,22 @@ def queued_at(entry_id: str) -> float | None:
 
 
 HINT_LEVELS = ("none", "speculative", "all")  # what a worker takes now (its heartbeat says)
+# The hints the live workers take: the most any takes, and the rooms whose hints none of them
+# takes (a CPU worker that one room keeps busy takes every other room's: AsrWorker.busiest_room).
+HintWish = tuple[str, frozenset[str]]
 
 
-def wanted_hints(levels) -> str:  # noqa: ANN001 - the live workers' levels, any iterable
-    """The most any live worker takes: a hint no worker would take is not worth sending."""
-    return max(levels, key=lambda level: HINT_LEVELS.index(level) if level in HINT_LEVELS else 0, default="none")
+def wanted_hints(stats: Iterable[dict[str, Any]]) -> HintWish:
+    """From the live workers' heartbeat stats ("hints": a level; "hints_except": a room or ""):
+    a hint no worker would take is not worth sending."""
+    level, skipped = "none", None
+    for s in stats:
+        taken = s.get("hints", "none")
+        if HINT_LEVELS.index(taken) if taken in HINT_LEVELS else 0:
+            level = max(level, taken, key=HINT_LEVELS.index)
+            mine = frozenset([s["hints_except"]] if s.get("hints_except") else [])
+            skipped = mine if skipped is None else skipped & mine
+    return level, skipped or frozenset()
 
 
 @dataclass
@@ -127,8 +138,9 @@ class UtteranceQueue(Protocol):
     async def capacity(self) -> tuple[int, float]:
         """Live workers and their summed recent throughput (utterances/s)."""
 
-    async def hints_wanted(self) -> str:
-        """"all", "speculative" or "none": the most hints any live worker takes now."""
+    async def hints_wanted(self) -> HintWish:
+        """"all", "speculative" or "none": the most hints any live worker takes now; and the
+        rooms whose hints none takes."""
 
     async def backlog(self) -> dict[str, int]:
         """Jobs not yet published, per room (rooms with none are absent)."""

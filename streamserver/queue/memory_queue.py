@@ -23,7 +23,7 @@ from streamserver.queue.fair import FairTurns, entry_share, gives_way
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import Event, TranscriptEvent, TranscriptPartialEvent, Utterance
 from streamserver.queue.base import (
-    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Displaced, Entry, QueueFull, Speculation, wanted_hints,
+    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Displaced, Entry, QueueFull, Speculation, HintWish, wanted_hints,
 )
 from streamserver.queue.jobs import pcm16
 from streamserver.queue.publication import SPOKEN_KEPT_S, PublishedHere, recent, spoken_of
@@ -47,7 +47,8 @@ class MemoryQueue:
         self._published = PublishedHere(publisher)  # stage 5: publish once (queue/publication.py)
         self._attempts: dict[str, int] = {}
         self._arrived = asyncio.Event()
-        self._beat = (-1e9, 0.0, "none")  # (monotonic time, capacity utt/s, hints wanted) of the worker's last heartbeat
+        # (monotonic time, capacity utt/s, its stats) of the worker's last heartbeat
+        self._beat: tuple[float, float, dict[str, Any]] = (-1e9, 0.0, {})
         self._gateway = (0, 0.0)  # (students, finals/s) of this process, its gateway part (capacity.py)
         # utterance id -> (its newest hint, monotonic time offered); a replaced hint keeps its place
         self._hints: OrderedDict[str, tuple[Utterance, float]] = OrderedDict()
@@ -175,9 +176,9 @@ class MemoryQueue:
         when, rate, _ = self._beat
         return (1, rate) if time.monotonic() - when < ALIVE_TTL_S else (0, 0.0)
 
-    async def hints_wanted(self) -> str:
-        when, _, hints = self._beat
-        return wanted_hints([hints] if time.monotonic() - when < ALIVE_TTL_S else [])
+    async def hints_wanted(self) -> HintWish:
+        when, _, stats = self._beat
+        return wanted_hints([stats] if time.monotonic() - when < ALIVE_TTL_S else [])
 
     async def ensure_group(self) -> None:
         return None
@@ -205,7 +206,7 @@ class MemoryQueue:
 
     async def heartbeat(self, stats: dict[str, Any]) -> None:
         rate = float(stats.get("capacity", stats.get("utt_per_s", 0.0)))
-        self._beat = (time.monotonic(), rate, str(stats.get("hints", "none")))
+        self._beat = (time.monotonic(), rate, stats)
 
     async def gateway_beat(self, gateway: str, stats: dict[str, Any]) -> None:
         self._gateway = (int(stats.get("students", 0)), float(stats.get("utt_per_s", 0.0)))

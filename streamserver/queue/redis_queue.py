@@ -39,7 +39,7 @@ from streamserver.config import Settings
 from streamserver.bus.redis import PUBLISH_MANY_LUA
 from streamserver.events import Event, TranscriptEvent, TranscriptPartialEvent, Utterance, now
 from streamserver.queue.base import (
-    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Displaced, Entry, QueueFull, Speculation, wanted_hints,
+    HINT_MAX_AGE_S, HINTS_MAX, SPECULATION_TTL_S, Bounds, Displaced, Entry, QueueFull, Speculation, HintWish, wanted_hints,
 )
 from streamserver.queue.publication import PUBLISH_ONCE_LUA, SPOKEN_KEPT_S, span_args, spoken_of
 from streamserver.queue.jobs import JobError, decode_job, encode_job, pack_hint_head, pcm16, unpack_hint
@@ -445,8 +445,8 @@ class RedisQueue:
         return (sum(int(g.get("students", 0)) for g in gateways), sum(float(g.get("utt_per_s", 0.0)) for g in gateways),
                 capacity, workers)
 
-    async def hints_wanted(self) -> str:
-        return wanted_hints(s.get("hints", "none") for s in await self._live_stats())
+    async def hints_wanted(self) -> HintWish:
+        return wanted_hints(await self._live_stats())
 
     async def is_done(self, utterance_id: str) -> bool:
         """A worker (or a claim) has published this utterance."""

@@ -15,7 +15,7 @@ from streamserver.audio.resample import RATE as SAMPLE_RATE
 from streamserver.bus.ordered import OrderedPublisher
 from streamserver.events import Utterance, UtteranceDropped, UtteranceQueued
 from streamserver.metrics import Metrics
-from streamserver.queue.base import UNREACHABLE, Displaced, QueueFull, UtteranceQueue
+from streamserver.queue.base import UNREACHABLE, Displaced, HintWish, QueueFull, UtteranceQueue
 from streamserver.queue.publication import final_from_speculation
 from streamserver.queue.spool import Spool, SpoolError
 from streamserver.tasks import Tasks
@@ -62,7 +62,8 @@ class UtteranceSink:
         self.queued = 0
         self.submitted = (0, 0.0)  # finals from the students here, and their seconds of audio (capacity.py)
         self.dropped = 0
-        self._wanted = (-1e9, "none")  # (monotonic time checked, what the workers take: queue.hints_wanted)
+        # (monotonic time checked, what the workers take: queue.hints_wanted)
+        self._wanted: tuple[float, HintWish] = (-1e9, ("none", frozenset()))
         # Utterances settled without a publication: dropped (said to the room) or kept in the
         # spool; their audio needs no resending (settled()).
         self._settled: OrderedDict[str, None] = OrderedDict()
@@ -107,7 +108,8 @@ class UtteranceSink:
                 self._wanted = (time.monotonic(), wanted)  # one check a second, however many hints come
                 wanted = await self.queue.hints_wanted()
                 self._wanted = (time.monotonic(), wanted)
-            if wanted == "none" or (wanted == "speculative" and u.kind == "partial"):
+            level, skipped = wanted
+            if level == "none" or (level == "speculative" and u.kind == "partial") or u.room_id in skipped:
                 self.metrics.hints.labels(kind=u.kind, outcome="not_wanted").inc()
                 return
             await self.queue.offer(u)
