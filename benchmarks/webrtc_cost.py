@@ -112,8 +112,8 @@ def microphone(client: str, index: int, end: float, speak_ratio: float, seed: in
     return TimedTrack(MediaPlayer(str(wav), loop=False).audio, [Turn(t.start_s + LEAD_S, t.clip) for t in turns], PlayHooks())
 
 
-async def packets_sent(students: list[Student]) -> int:
-    """20 ms packets of audio the students have streamed so far: a pre-encoded track's own count
+async def audio_steps_sent(students: list[Student]) -> int:
+    """20 ms steps of audio the students have streamed so far: a pre-encoded track's own count
     of its steps (its packets go out through FastRtp, which aiortc's stats never see, and under
     DTX one packet stands for many steps), else its sender's stats (aiortc's encoder: no DTX)."""
     total = 0
@@ -168,11 +168,11 @@ async def simulate(url: str, admin_token: str, n: int, window_s: float, speak_ra
         print(f"  {len(students)}/{n} joined in {joined_s:.1f}s", file=sys.stderr, flush=True)
         await asyncio.sleep(SETTLE_S)
         window_s = min(window_s, end - TAIL_S - 1 - time.time())  # joins slower than budgeted: a shorter window
-        p0 = await packets_sent(students)
+        p0 = await audio_steps_sent(students)
         t0, g0, s0, w0, k0 = time.monotonic(), cpu_s(gateway_pid), cpu_s(), cpu_s(worker_pid), cpu_times(gateway_pid)[1]
         await asyncio.sleep(window_s)
         t1, g1, s1, w1, k1 = time.monotonic(), cpu_s(gateway_pid), cpu_s(), cpu_s(worker_pid), cpu_times(gateway_pid)[1]
-        sent_s = (await packets_sent(students) - p0) * PACKET_S
+        sent_s = (await audio_steps_sent(students) - p0) * PACKET_S
         rss1 = rss_bytes(gateway_pid)
         streaming_s = sum(t1 - max(t0, s.joined_at) for s in students)
         await asyncio.sleep(max(0.0, end - time.time()) + 2.0)  # every stream to its end

@@ -160,10 +160,10 @@ def test_fast_rtp_delivers_the_plan_to_the_server_as_aiortcs_sender_would(monkey
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
     from streamserver.loadsim import webrtc_student
-    from streamserver.transport import webrtc
+    from streamserver.transport import rtp_audio, webrtc
     from streamserver.transport.candidates import CandidatePolicy
 
-    monkeypatch.setattr(webrtc_student, "RTCP_INTERVAL_S", 0.3)
+    monkeypatch.setattr(rtp_audio, "RTCP_INTERVAL_S", 0.3)
     clips = load_clips()
     clip = min(clips, key=lambda c: len(c.pcm))
     got: list[np.ndarray] = []

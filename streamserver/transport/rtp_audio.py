@@ -36,7 +36,7 @@ import random
 import struct
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Awaitable, Callable, NamedTuple
 
 import aioice
 import aioice.ice
@@ -298,6 +298,19 @@ def parse_rtp(data: bytes) -> RtpAudio:
     return RtpAudio(m_pt & 0x7F, seq, ts, ssrc, data[pos:end])
 
 
+async def at_audio_pace(started: asyncio.Event, report: Callable[[], Awaitable[None]], what: str) -> None:
+    """`report()` every RTCP_INTERVAL_S (randomised 0.5-1.5x) until cancelled, `started` set
+    first: the RTCP of an audio stream's either end (the gateway's receiver, a simulated
+    student's sender). A report that fails is logged as `what`; the next goes out as usual."""
+    started.set()
+    while True:
+        await asyncio.sleep(RTCP_INTERVAL_S * (0.5 + random.random()))
+        try:
+            await report()
+        except Exception:  # noqa: BLE001 - one report lost; the stream goes on
+            log.exception("%s failed", what)
+
+
 class _SrtpShortcut(aioice.Connection):
     """aioice's ICE connection of one peer, handing its SRTP packets (not SRTCP, DTLS or STUN)
     straight to the student's receiver from the datagram callback: no queue, no hop to the DTLS
@@ -376,20 +389,17 @@ class AudioReceiver(RTCRtpReceiver):
             pair.protocol.__class__ = _RtpFirstProtocol
 
     async def _run_rtcp(self) -> None:
-        """Receiver reports every RTCP_INTERVAL_S, randomised; aiortc's stop() waits for the two events."""
-        self._RTCRtpReceiver__rtcp_started.set()
+        """Receiver reports at an audio sender's pace; aiortc's stop() waits for the two events."""
         try:
-            while True:
-                await asyncio.sleep(RTCP_INTERVAL_S * (0.5 + random.random()))
-                try:
-                    if (report := self._receiver_report()) is not None:
-                        await self._send_rtcp(report)
-                except Exception:  # noqa: BLE001 - one report lost; the next goes out as usual
-                    log.exception("a receiver report to a student failed")
+            await at_audio_pace(self._RTCRtpReceiver__rtcp_started, self._send_receiver_report, "a receiver report to a student")
         except asyncio.CancelledError:
             pass
         finally:
             self._RTCRtpReceiver__rtcp_exited.set()
+
+    async def _send_receiver_report(self) -> None:
+        if (report := self._receiver_report()) is not None:
+            await self._send_rtcp(report)
 
     def _receiver_report(self) -> RtcpRrPacket | None:
         """Loss, jitter, the extended highest sequence number (RFC 3550: wraps counted) and the
