@@ -40,6 +40,10 @@ def test_only_a_room_that_keeps_a_cpu_busy_alone_is_its_busiest(tiny_engine):
     flooded = AsrWorker(SlowEngine(tiny_engine, 0.0), queue, None)
     busy_with(flooded, {"A": 0.9 * BUSY_WINDOW_S, "B": 0.05 * BUSY_WINDOW_S})
     assert flooded.busiest_room() == "A" and flooded.hints_taken() == "speculative"
+    assert flooded.heartbeat_stats()["hints_except"] == "A"
+    every = AsrWorker(SlowEngine(tiny_engine, 0.0), queue, None, partials="on")  # takes every hint, busy or not
+    busy_with(every, {"A": 0.9 * BUSY_WINDOW_S})
+    assert every.heartbeat_stats()["hints"] == "all" and every.heartbeat_stats()["hints_except"] == ""
     full = AsrWorker(SlowEngine(tiny_engine, 0.0), queue, None)  # five rooms, none of them alone
     busy_with(full, {room: 0.19 * BUSY_WINDOW_S for room in "ABCDE"})
     assert full.busiest_room() is None and full.hints_taken() == "none"
@@ -76,6 +80,8 @@ def test_another_rooms_speculation_and_final_go_before_the_busy_rooms_final(tiny
         assert [u.room_id for _, u in worker.buffer] == ["A"]  # A's final waits its turn
         await worker._speculate(batch)
         assert engine.recognised == 1
+        again = await worker._in_turn("A", 1)  # the speculation is not taken twice: A's final's turn
+        assert [u.utterance_id for _, u in again] == ["a-0"] and worker.buffer == []
 
         await queue.submit(spoken)  # B's final, as its hangover ends
         worker.buffer += await queue.read(1, 0)  # the loop's look for another room's final
@@ -84,7 +90,8 @@ def test_another_rooms_speculation_and_final_go_before_the_busy_rooms_final(tiny
         await worker._transcribe(batch)
         assert engine.recognised == 1  # published from its speculation: no second recognition
         assert await queue.done_of(["b-1"]) == {"b-1"}
+        worker.buffer += await queue.read(1, 0)
         batch = await worker._in_turn("A", 1)  # then A's backlog, in its order
-        assert [u.utterance_id for _, u in batch] == ["a-0"]
+        assert [u.utterance_id for _, u in batch] == ["a-1"]
 
     asyncio.run(body())

@@ -70,6 +70,7 @@ HINT_POLL_MS = 20  # with hints wanted, how long a read waits for a final before
 DEFERRED_POLL_MS = 10  # with finals waiting for another worker's speculation, how often they are looked at
 BUSY_WINDOW_S = 5.0
 GROUPED_KEPT = 10_000  # utterances remembered as filed in their question group (_group_questions)
+RECENT_FINALS = 256
 HEADROOM = 0.7
 WARM_WORDS = (3, 10, 20, 40, 80)  # text lengths whose label shapes a GPU worker's calibration meets
 # auto: a final that waited longer than this in the queue (the engine was not free: on a CPU box
@@ -143,6 +144,9 @@ class AsrWorker:
         self._task: asyncio.Task | None = None
         self._busy: deque[tuple[float, float, bool]] = deque()  # (start, end, essential) of recent engine work
         self._room_busy: deque[tuple[float, str, float]] = deque()  # (end, room, seconds) of the essential work
+        # The utterances of the finals recognised last (RECENT_FINALS): their speculations, until
+        # the publication is done, are not worth a recognition (_in_turn)
+        self._recent_finals: OrderedDict[str, None] = OrderedDict()
         self._waited = -1e9  # monotonic time a final last waited more than FINAL_WAIT_S in the queue
         self._hints_waiting = False  # the last look found hints: look again without waiting
         # Finals whose speculation another worker is recognising: they wait for it (PENDING_S at
@@ -241,14 +245,19 @@ class AsrWorker:
     async def _heartbeats(self) -> None:
         while True:
             try:
-                await self.queue.heartbeat({"utt_per_s": round(self._rate, 2), "capacity": round(self.capacity(), 2),
-                                            "buffer": len(self.buffer), "hints": self.hints_taken(),
-                                            "hints_except": self.busiest_room() or ""})
+                await self.queue.heartbeat(self.heartbeat_stats())
                 self.metrics.queue_depth.set(await self.queue.depth())
                 self.ready = self._calibrated
             except UNREACHABLE:
                 self.ready = False
             await asyncio.sleep(HEARTBEAT_S)
+
+    def heartbeat_stats(self) -> dict[str, float | int | str]:
+        """What the queue's readers see of this worker: its rate and capacity (admission), the
+        jobs it holds, the hints it takes, and the room whose hints it does not
+        (busiest_room; only while it takes no hints otherwise)."""
+        return {"utt_per_s": round(self._rate, 2), "capacity": round(self.capacity(), 2), "buffer": len(self.buffer),
+                "hints": self.hints_taken(), "hints_except": (self.hint_kinds() is None and self.busiest_room()) or ""}
 
     async def _claims(self) -> None:
         while True:
@@ -284,7 +293,8 @@ class AsrWorker:
                     continue
             elif busiest is not None and all(u.room_id == busiest for _, u in self.buffer):
                 # Another room's final that came meanwhile goes before the busiest room's (_in_turn):
-                # one look, without waiting; its speculation may be ready for it by now.
+                # one look, without waiting; its speculation may be ready for it by now. The one
+                # read-ahead: a job of the busiest room may wait here a row longer.
                 with suppress(*UNREACHABLE):
                     self.buffer += await self.queue.read(size, 0)
             if not self.buffer and busiest is None:
@@ -306,6 +316,9 @@ class AsrWorker:
                         await self._speculate(batch)
                     continue
             self._in_progress = {eid for eid, _ in batch}  # not to be claimed back from ourselves
+            self._recent_finals.update((u.utterance_id, None) for _, u in batch)
+            while len(self._recent_finals) > RECENT_FINALS:
+                self._recent_finals.popitem(last=False)
             try:
                 await self._recognised(batch)  # its publication goes on beside the next batch
             finally:
@@ -361,8 +374,8 @@ class AsrWorker:
         while self._room_busy and self._room_busy[0][0] < horizon:
             self._room_busy.popleft()
         by_room: Counter[str] = Counter()
-        for _, room, seconds in self._room_busy:
-            by_room[room] += seconds
+        for end, room, seconds in self._room_busy:
+            by_room[room] += min(seconds, end - horizon)  # as busy_ratio, the window's part
         if not by_room:
             return None
         room, seconds = by_room.most_common(1)[0]
@@ -377,17 +390,22 @@ class AsrWorker:
         held for the next look."""
         try:
             # All there are: the gateways stop offering the busiest room's within a second, but
-            # those offered before wait ahead of the others'
+            # those offered before wait ahead of the others'. The busiest room's are dropped (best
+            # effort, as hints are), also where another worker would have taken them.
             hints = await self.queue.take_hints(self.max_batch, partials=False)
         except UNREACHABLE:
             hints = []
-        hints = [h for h in await self._with_held(hints, False) if h.room_id != busiest]
+        self._hints_waiting = False  # all taken: the next look waits for a final as usual
+        # Not one whose final is here already: the final takes its turn, and its recognition
+        # makes the speculation pointless.
+        finals = {u.utterance_id for _, u in [*self.buffer, *self._deferred.values()]} | self._recent_finals.keys()
+        hints = [h for h in await self._with_held(hints, False) if h.room_id != busiest and h.utterance_id not in finals]
         others = [entry for entry in self.buffer if entry[1].room_id != busiest] + [("", h) for h in hints]
         if not others:
             return self._turns.batch(self.buffer, size, entry_share)
         chosen = self._turns.batch(others, size, entry_share)
-        self._hold([u for entry_id, u in others if not entry_id])
         taken = {id(entry) for entry in chosen}
+        self._hold([entry[1] for entry in others if not entry[0] and id(entry) not in taken])
         self.buffer = [entry for entry in self.buffer if id(entry) not in taken]
         speculations = [u for entry_id, u in chosen if not entry_id]
         if not speculations:

@@ -41,7 +41,7 @@ from streamserver.loadsim.config import LoadConfig
 from streamserver.loadsim.opus_encoder import OpusEncoder, sent_as_browser
 from streamserver.loadsim.scenario import RATE, Turn, load_clips
 from streamserver.transport.dtx import is_dtx
-from streamserver.transport.rtp_audio import at_audio_pace
+from streamserver.transport.rtp_audio import audio_rtcp_pace
 from streamserver.loadsim.ws_student import PlayHooks
 
 log = logging.getLogger(__name__)
@@ -285,17 +285,22 @@ class FastRtp:
 
 class BrowserReports(RTCRtpSender):
     """aiortc's sender of a simulated student, its RTCP as a browser's audio sender sends it:
-    a sender report with the student's CNAME at an audio sender's pace (rtp_audio.at_audio_pace,
-    the gateway's own), where aiortc reports every 0.5-1.5 s, so that a gateway handles as many reports as browsers send
-    it; the reports count what FastRtp sent (aiortc's own counters see none of it). A BYE at the
-    end, as aiortc sends. Installed by OpusPlanTrack.bind() before the sender starts."""
+    a sender report with the student's CNAME at an audio sender's pace (rtp_audio.audio_rtcp_pace,
+    as the gateway's receiver reports), where aiortc reports every 0.5-1.5 s, so that a gateway
+    handles as many reports as browsers send it; the reports count what FastRtp sent (aiortc's
+    own counters see none of it). A BYE at the end, as aiortc sends. Installed by
+    OpusPlanTrack.bind() before the sender starts."""
 
     fast: FastRtp | None = None
 
     async def _run_rtcp(self) -> None:
         """Until cancelled (aiortc's stop() waits for the two events, whatever happens here)."""
         try:
-            await at_audio_pace(self._RTCRtpSender__rtcp_started, self._send_report, "a simulated student's sender report")
+            async for _ in audio_rtcp_pace(self._RTCRtpSender__rtcp_started):
+                try:
+                    await self._send_rtcp(self._report())
+                except Exception:  # noqa: BLE001 - one report lost; the student's stream goes on
+                    log.exception("a simulated student's sender report failed")
         except asyncio.CancelledError:
             pass
         finally:
@@ -305,9 +310,6 @@ class BrowserReports(RTCRtpSender):
                 log.debug("a simulated student's BYE was not sent", exc_info=True)
             finally:
                 self._RTCRtpSender__rtcp_exited.set()
-
-    async def _send_report(self) -> None:
-        await self._send_rtcp(self._report())
 
     def _report(self) -> list:
         """A sender report (its NTP and RTP times of one moment, as RFC 3550 asks) and the CNAME;

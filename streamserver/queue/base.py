@@ -44,10 +44,11 @@ def wanted_hints(stats: Iterable[dict[str, Any]]) -> HintWish:
     level, skipped = "none", None
     for s in stats:
         taken = s.get("hints", "none")
-        if HINT_LEVELS.index(taken) if taken in HINT_LEVELS else 0:
-            level = max(level, taken, key=HINT_LEVELS.index)
-            mine = frozenset([s["hints_except"]] if s.get("hints_except") else [])
-            skipped = mine if skipped is None else skipped & mine
+        if taken not in HINT_LEVELS or taken == "none":  # a worker that takes none has no say
+            continue
+        level = max(level, taken, key=HINT_LEVELS.index)
+        theirs = frozenset([s["hints_except"]] if s.get("hints_except") else [])
+        skipped = theirs if skipped is None else skipped & theirs
     return level, skipped or frozenset()
 
 
