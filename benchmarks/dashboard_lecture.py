@@ -1,6 +1,8 @@
 """The teacher's dashboard through a lecture: a real `serve` over a real redis-server, one headless
 Chromium dashboard, and a 10,000-student lecture's event stream replayed into the room's channel
-at real-time rate (RedisBus.publish_many, as the server's own publisher sends them).
+at real-time rate (RedisBus.publish_many, as the server's own publisher sends them), each student
+seated on the bus before their join is announced, as a gateway seats them (the roster a feed
+opens with lists them).
 
 The lecture: the students join in waves, then 10 % of them speak at any moment (utterances of
 2-7.3 s, mean 4.67 s: ~214 finals a second). Each utterance makes what the server makes of it:
@@ -49,6 +51,9 @@ RESULTS = HERE / "results" / "dashboard-lecture.json"
 TICK_S = 0.1
 JOIN_WAVE = 500  # students per wave, one wave per JOIN_WAVE_S
 JOIN_WAVE_S = 0.5
+SEAT_HOLDER = "lecture-replay"  # the lease holder of the students' seats: a gateway's id in a class
+SEAT_LEASE_MARGIN_S = 120.0  # the seats outlast the replay by this much (the page is read after it)
+SEATS_IN_FLIGHT = 64
 UTTERANCE_S = (2.0, 7.34)  # uniform: mean 4.67 s
 FIRST_CAPTION_S, CAPTION_EVERY_S = 0.5, 1.0  # audio/segmenter.py: half an interval, then every interval
 CAPTION_LAG_S, FINAL_LAG_S = 0.3, 0.5  # recognition; a final after the hangover
@@ -112,6 +117,7 @@ class Lecture:
         self.sentences = [s for s in SENTENCES.read_text(encoding="utf-8").splitlines() if s.strip()]
         self.groups = QuestionGroups()
         self.joined = 0
+        self.arrived: list[int] = []  # students whose joins until() returned, not yet seated by replay()
         self.speaking: dict[int, Speech] = {}
         self.quiet = list(range(students))  # not speaking now
         self.due: list[tuple[float, int, str, Speech]] = []  # (class time, order, what, speech)
@@ -131,6 +137,7 @@ class Lecture:
         while self.joined < self.students and self.joined // JOIN_WAVE * JOIN_WAVE_S <= t:
             wave = range(self.joined, min(self.students, self.joined + JOIN_WAVE))
             out += [(self._student(s, "student_joined"), True) for s in wave]
+            self.arrived += wave
             sent.count("student_joined", len(wave))
             self.joined = wave.stop
         if self.join_s <= t < self.seconds:
@@ -222,14 +229,29 @@ def question_vectors() -> dict[str, np.ndarray]:
     return dict(zip(texts, OnnxE5Embedder().embed(texts)))
 
 
+async def seat(bus: RedisBus, lecture: Lecture, lease_s: float) -> None:
+    """The students who join now take their seats on the bus, as their gateways would before
+    announcing them: a dashboard's roster (every gateway's students) lists them."""
+    turns = asyncio.Semaphore(SEATS_IN_FLIGHT)
+
+    async def take(student: int) -> None:
+        async with turns:
+            await bus.take_seat(lecture.room_id, f"s{student}", lecture.students, lease_s, SEAT_HOLDER, lecture.name(student))
+
+    await asyncio.gather(*(take(student) for student in lecture.arrived))
+    lecture.arrived.clear()
+
+
 async def replay(redis_url: str, lecture: Lecture, sent: Sent, drain_s: float = 2.0) -> None:
     """The lecture's events at real-time rate, one publish_many per tick."""
     bus = RedisBus(redis_url)
     started = time.monotonic()
+    ends_s = lecture.seconds + FINAL_LAG_S + drain_s
     try:
-        while (t := time.monotonic() - started) < lecture.seconds + FINAL_LAG_S + drain_s:
+        while (t := time.monotonic() - started) < ends_s:
             sent.class_s = t
             events = lecture.until(t, sent)
+            await seat(bus, lecture, ends_s + SEAT_LEASE_MARGIN_S)
             if events:
                 await bus.publish_many(lecture.room_id, events)
             await asyncio.sleep(max(0.0, TICK_S - (time.monotonic() - started - t)))

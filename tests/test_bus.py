@@ -220,6 +220,34 @@ def test_seats_limit_reconnect_and_release(make_bus: MakeBus) -> None:
     run(body)
 
 
+def test_seated_is_the_whole_room_by_name(make_bus: MakeBus) -> None:
+    """seated(): every student with a live seat, whichever gateway holds it, with the name given
+    when it was taken; a released or expired seat is gone from it, and a full room's refused
+    student never appears."""
+    lease = 0.4
+
+    async def body() -> None:
+        bus, r = make_bus(), room()
+        try:
+            assert await bus.seated(r) == {}
+            assert await bus.take_seat(r, "ann", 3, 30, "gw-a", "Ann Lee")
+            assert await bus.take_seat(r, "bo", 3, lease, "gw-b", "Bo 王")
+            assert await bus.take_seat(r, "cy", 3, 30, "gw-b")  # no name given
+            assert not await bus.take_seat(r, "dee", 3, 30, "gw-a", "Dee")  # full
+            assert await bus.seated(r) == {"ann": "Ann Lee", "bo": "Bo 王", "cy": ""}
+            assert await bus.take_seat(r, "ann", 3, 30, "gw-b", "Ann L.")  # a reconnect, renamed
+            await bus.release_seat(r, "cy", "gw-b")
+            assert await bus.seated(r) == {"ann": "Ann L.", "bo": "Bo 王"}
+            await asyncio.sleep(lease + 0.1)  # bo's gateway stopped renewing
+            assert await bus.seated(r) == {"ann": "Ann L."}
+            assert await bus.take_seat(r, "bo", 3, 30, "gw-b")  # back without a name: none kept from before
+            assert await bus.seated(r) == {"ann": "Ann L.", "bo": ""}
+        finally:
+            await bus.close()
+
+    run(body)
+
+
 def test_seat_lease_expires_unless_renewed(make_bus: MakeBus) -> None:
     """A seat nobody renews (its gateway died) frees itself after its lease; a renewed one stays,
     and a seat renewed after it expired is taken again."""
@@ -252,8 +280,8 @@ def test_redis_seat_keys_expire_with_their_last_lease(redis_url: str) -> None:
         bus, r = RedisBus(redis_url), room()
         client = aioredis.Redis.from_url(redis_url)
         try:
-            assert await bus.take_seat(r, "ann", 5, 0.3, "gw-a")
-            assert await client.exists(*seat_keys(r)) == 2
+            assert await bus.take_seat(r, "ann", 5, 0.3, "gw-a", "Ann")
+            assert await client.exists(*seat_keys(r)) == 3
             await asyncio.sleep(0.5)
             assert await client.exists(*seat_keys(r)) == 0  # nothing left behind by a dead gateway
         finally:

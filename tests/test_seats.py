@@ -23,6 +23,7 @@ from streamserver.classroom import Classroom
 from streamserver.config import Settings
 from streamserver.metrics import Metrics
 from streamserver.server import gateway_app
+from streamserver.client import feed_url
 from streamserver.loadsim.clients import create_room, token_of
 from streamserver.bus.keys import WORKERS, alive_key
 from streamserver.queue.redis_queue import RedisQueue
@@ -259,6 +260,41 @@ def test_the_room_keeps_its_creators_limit_on_every_gateway(redis_url):
             bob = await join(s, b, token, "bob-00000002")
             assert await refused(s, b, token, "cyd-00000002") == 429
             await asyncio.gather(ann.close(), bob.close())
+
+    run(body)
+
+
+async def roster_of(s: aiohttp.ClientSession, url: str, room: dict) -> dict[str, str]:
+    """The roster a dashboard opening its feed on gateway `url` gets: student id -> name."""
+    async with s.ws_connect(feed_url(url, room["room_id"], token_of(room["teacher_url"]))) as feed:
+        assert (await feed.receive_json(timeout=5))["type"] == "history"
+        roster = await feed.receive_json(timeout=5)
+    assert roster["type"] == "roster"
+    return {student["student_id"]: student["student_name"] for student in roster["students"]}
+
+
+def test_a_dashboard_on_any_gateway_lists_the_whole_room(redis_url):
+    """A dashboard's roster is every student seated in the room, through whichever gateway (with
+    several gateway processes a teacher's feed lands on any one of them), by name; a student who
+    left through another gateway is gone from it."""
+
+    async def body() -> None:
+        async with live_worker(redis_url), gateways(redis_url, max_students=10) as [(a, _), (b, _)], aiohttp.ClientSession() as s:
+            room = await create_room(s, a, ADMIN_TOKEN, "one room, two doors")
+            token = token_of(room["student_url"])
+            ann = await join(s, a, token, "ann-0000000a")
+            bob = await join(s, b, token, "bob-0000000a")
+            ids = {label: IDENTITIES[label]["student_id"] for label in ("ann-0000000a", "bob-0000000a")}
+            everyone = {ids["ann-0000000a"]: "ann", ids["bob-0000000a"]: "bob"}
+            assert await roster_of(s, a, room) == everyone
+            assert await roster_of(s, b, room) == everyone
+            await bob.close()  # B lets him go after its grace period
+            for _ in range(60):
+                if ids["bob-0000000a"] not in (roster := await roster_of(s, a, room)):
+                    break
+                await asyncio.sleep(0.05)
+            assert roster == {ids["ann-0000000a"]: "ann"}
+            await ann.close()
 
     run(body)
 

@@ -43,10 +43,16 @@ class Bus(Protocol):
     async def load_room(self, room_id: str) -> dict[str, str] | None:
         """What save_room stored, or None."""
 
-    async def take_seat(self, room_id: str, student_id: str, limit: int, lease_s: float, holder: str) -> bool:
+    async def take_seat(self, room_id: str, student_id: str, limit: int, lease_s: float, holder: str,
+                        name: str = "") -> bool:
         """A lease of lease_s on a seat for the student, held by `holder` (a process's id): True
         when the student already had a seat (a reconnect, through any process, keeps it) or the
-        room had fewer than `limit` seats with a live lease; False when it is full."""
+        room had fewer than `limit` seats with a live lease; False when it is full. `name` (the
+        student's display name) is kept with the seat, for seated()."""
+
+    async def seated(self, room_id: str) -> dict[str, str]:
+        """Every student with a live seat in the room, through any process: student -> name
+        ("" when the seat was taken without one)."""
 
     async def renew_seats(self, seats: dict[str, list[str]], lease_s: float, holder: str) -> None:
         """Extend holder's leases on its students' seats (room_id -> student ids) to lease_s from

@@ -9,6 +9,7 @@ Rooms
   room:<id>:meta          hash: name, language, max_students (any gateway can adopt the room)
   room:<id>:seats         sorted set student -> end of its longest seat lease (Redis clock, ms)
   room:<id>:seat_leases   hash student -> JSON {holder: lease end}
+  room:<id>:seat_names    hash student -> display name, while seated (the dashboard's roster)
 Recognition jobs
   asr:jobs                stream of utterance jobs (consumer group JOB_GROUP); an entry is deleted
                           once its result is published, so XLEN is the backlog
@@ -97,7 +98,7 @@ def meta_key(room_id: str) -> str:
 
 
 def seat_keys(room_id: str) -> list[str]:
-    return [f"room:{room_id}:seats", f"room:{room_id}:seat_leases"]
+    return [f"room:{room_id}:seats", f"room:{room_id}:seat_leases", f"room:{room_id}:seat_names"]
 
 
 def alive_key(worker: str) -> str:

@@ -22,6 +22,7 @@ class MemoryBus:
         self._history: dict[str, deque[str]] = {}
         self._subscribers: dict[str, set[asyncio.Queue[str | None]]] = {}
         self._seats: dict[str, dict[str, dict[str, float]]] = {}  # room -> student -> holder -> lease end
+        self._seat_names: dict[str, dict[str, str]] = {}  # room -> student -> name, while seated
         # room -> its final transcripts, kept as the Redis bus keeps them: until the retention has
         # passed since the room's last final (then forgotten at the next final of any room)
         self._transcripts: dict[str, list[str]] = {}
@@ -97,19 +98,29 @@ class MemoryBus:
         clock); a student holds one seat while any holder's lease lasts."""
         now = time.monotonic()
         seats = self._seats.setdefault(room_id, {})
+        names = self._seat_names.setdefault(room_id, {})
         for student_id, leases in list(seats.items()):
             if live := {holder: end for holder, end in leases.items() if end > now}:
                 seats[student_id] = live
             else:
                 del seats[student_id]
+                names.pop(student_id, None)
         return seats
 
-    async def take_seat(self, room_id: str, student_id: str, limit: int, lease_s: float, holder: str) -> bool:
+    async def take_seat(self, room_id: str, student_id: str, limit: int, lease_s: float, holder: str,
+                        name: str = "") -> bool:
         seats = self._live_seats(room_id)
         if student_id not in seats and len(seats) >= limit:
             return False
         seats.setdefault(student_id, {})[holder] = time.monotonic() + lease_s
+        if name:
+            self._seat_names[room_id][student_id] = name
         return True
+
+    async def seated(self, room_id: str) -> dict[str, str]:
+        seats = self._live_seats(room_id)
+        names = self._seat_names.get(room_id, {})
+        return {student_id: names.get(student_id, "") for student_id in seats}
 
     async def renew_seats(self, seats: dict[str, list[str]], lease_s: float, holder: str) -> None:
         end = time.monotonic() + lease_s
@@ -124,8 +135,9 @@ class MemoryBus:
         leases.pop(holder, None)
         if not leases:
             seats.pop(student_id, None)
+            self._seat_names[room_id].pop(student_id, None)
         if not seats:
-            del self._seats[room_id]
+            del self._seats[room_id], self._seat_names[room_id]
 
     async def history(self, room_id: str, limit: int = 200) -> list[str]:
         history = self._history.get(room_id)

@@ -39,14 +39,16 @@ class BusError(RuntimeError):
 
 
 # KEYS[1] the room's seats (student -> end of its longest lease), KEYS[2] its leases (student ->
-# JSON {holder: lease end}): a student seated through two gateways (a reconnect) holds one seat
-# until both let go. Times are Redis's clock (ms). Expired seats go first; the keys live as long
-# as their longest lease.
+# JSON {holder: lease end}), KEYS[3] the seated students' names (the roster of every gateway's
+# students): a student seated through two gateways (a reconnect) holds one seat until both let
+# go. Times are Redis's clock (ms). Expired seats go first; the keys live as long as their
+# longest lease.
 _SEATS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for _, student in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
   redis.call('HDEL', KEYS[2], student)
+  redis.call('HDEL', KEYS[3], student)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local function hold(student, holder, expiry)  -- expiry nil: holder lets go
@@ -65,6 +67,7 @@ local function hold(student, holder, expiry)  -- expiry nil: holder lets go
     redis.call('ZADD', KEYS[1], last, student)
   else
     redis.call('HDEL', KEYS[2], student)
+    redis.call('HDEL', KEYS[3], student)
     redis.call('ZREM', KEYS[1], student)
   end
 end
@@ -73,17 +76,33 @@ local function keep()
   if last[2] then
     redis.call('PEXPIREAT', KEYS[1], last[2])
     redis.call('PEXPIREAT', KEYS[2], last[2])
+    redis.call('PEXPIREAT', KEYS[3], last[2])
   end
 end
 """
-# ARGV: student, limit, lease_ms, holder -> 1 seated (or renewed: a reconnect), 0 room full
+# ARGV: student, limit, lease_ms, holder, name -> 1 seated (or renewed: a reconnect), 0 room full
 _TAKE_SEAT = _SEATS + """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
   return 0
 end
 hold(ARGV[1], ARGV[4], now + tonumber(ARGV[3]))
+if ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[3], ARGV[1], ARGV[5])
+end
 keep()
 return 1
+"""
+# Every student with a live seat and their name: student, name, student, name... (read only: an
+# expired seat is skipped here and dropped by the next script that writes).
+_SEATED = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for _, student in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+  out[#out + 1] = student
+  out[#out + 1] = redis.call('HGET', KEYS[3], student) or ''
+end
+return out
 """
 # ARGV: lease_ms, holder, student... (a seat that expired meanwhile is taken again)
 _RENEW_SEATS = _SEATS + """
@@ -176,6 +195,7 @@ class RedisBus:
         self._take_seat = self._redis.register_script(_TAKE_SEAT)
         self._renew_seats = self._redis.register_script(_RENEW_SEATS)
         self._release_seat = self._redis.register_script(_RELEASE_SEAT)
+        self._seated = self._redis.register_script(_SEATED)
 
     async def publish(self, room_id: str, event_json: str, keep: bool = True) -> None:
         await self.publish_many(room_id, [(event_json, keep)])
@@ -339,11 +359,20 @@ class RedisBus:
             raise BusError(f"loading room {room_id!r} failed: {e}") from e
         return meta or None
 
-    async def take_seat(self, room_id: str, student_id: str, limit: int, lease_s: float, holder: str) -> bool:
+    async def take_seat(self, room_id: str, student_id: str, limit: int, lease_s: float, holder: str,
+                        name: str = "") -> bool:
         try:
-            return bool(await self._take_seat(keys=self.keys.seats(room_id), args=[student_id, limit, _ms(lease_s), holder]))
+            return bool(await self._take_seat(keys=self.keys.seats(room_id),
+                                              args=[student_id, limit, _ms(lease_s), holder, name]))
         except _FAILURES as e:
             raise BusError(f"no seat could be taken in room {room_id!r}: {e}") from e
+
+    async def seated(self, room_id: str) -> dict[str, str]:
+        try:
+            flat = await self._seated(keys=self.keys.seats(room_id))
+        except _FAILURES as e:
+            raise BusError(f"reading the seats of room {room_id!r} failed: {e}") from e
+        return dict(zip(flat[::2], flat[1::2]))
 
     async def renew_seats(self, seats: dict[str, list[str]], lease_s: float, holder: str) -> None:
         """One round trip for every room."""

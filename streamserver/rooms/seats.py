@@ -42,10 +42,11 @@ class SeatKeeper:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*(self.free(r, s) for r, s in seated)), 5)
 
-    async def take(self, room: Room, student_id: str) -> None:
-        """A seat for the student (a reconnect, through any process, keeps its own): RoomFull when
-        the room has none left; BusError when the bus fails."""
-        if not await self.bus.take_seat(room.room_id, student_id, room.max_students, self.lease_s, self.holder):
+    async def take(self, room: Room, student_id: str, name: str = "") -> None:
+        """A seat for the student (a reconnect, through any process, keeps its own), with the name
+        every process's dashboards list it by: RoomFull when the room has none left; BusError
+        when the bus fails."""
+        if not await self.bus.take_seat(room.room_id, student_id, room.max_students, self.lease_s, self.holder, name):
             raise RoomFull(f"room is full ({room.max_students} students)")
 
     async def free(self, room_id: str, student_id: str) -> None:
