@@ -19,7 +19,6 @@ from streamserver.audio.segmenter import SegmenterConfig
 from streamserver.bus import Bus
 from streamserver.bus.local import LocalFeeds
 from streamserver.bus.ordered import OrderedPublisher
-from streamserver.bus.redis import BusError
 from streamserver.capacity import Capacity
 from streamserver.config import Settings
 from streamserver.events import StudentEvent
@@ -100,20 +99,6 @@ class Classroom:
     def feed(self, room_id: str) -> DashboardFeed:
         """A dashboard's feed of the room (rooms/feed.py), counted while open (rooms/upkeep.py)."""
         return DashboardFeed(room_id, self.bus, self.local, self.upkeep.feeds, self.sink.fallback is not None)
-
-    async def roster(self, room: Room) -> list[dict]:
-        """Who is in the room now, for a dashboard's feed: every student seated through any
-        process of the deployment (the seats on the bus), not only this one's. Whether a student
-        speaks is known for this process's own students; another's say so with their next
-        speaking event. With the bus away, this process's students (a gateway on its fallback)."""
-        here = room.students
-        try:
-            seated = await self.bus.seated(room.room_id)
-        except BusError:
-            return room.roster()
-        roster = [{"student_id": student_id, "student_name": name or (here[student_id].name if student_id in here else None),
-                   "speaking": student_id in here and here[student_id].speaking} for student_id, name in seated.items()]
-        return roster + [s for s in room.roster() if s["student_id"] not in seated]
 
     @property
     def transcripts(self) -> str | None:

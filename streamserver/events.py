@@ -121,7 +121,7 @@ class History(Message):
 
 @dataclass
 class Roster(Message):
-    """The second message of a dashboard's feed: who is in the room now, through any gateway (Classroom.roster)."""
+    """The second message of a dashboard's feed: who is in the room now, through any gateway (DashboardFeed.roster)."""
 
     room_name: str
     students: list[dict[str, Any]]

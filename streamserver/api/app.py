@@ -384,7 +384,7 @@ async def feed(request: web.Request) -> web.StreamResponse:
             if any(e.get("type") == RoomClosedEvent.type for e in history):  # closed while this feed was opening
                 await ws.close(code=CLOSE_ROOM_CLOSED, message=b"the room was closed")
                 return ws
-            await ws.send_str(Roster(room.name, await request.app[CLASSROOM].roster(room)).to_json())
+            await ws.send_str(Roster(room.name, await events.roster(room)).to_json())
             sending = asyncio.create_task(_send(ws, events))
             async for message in ws:  # the dashboard sends nothing we act on; this waits for close
                 if message.type == WSMsgType.ERROR:

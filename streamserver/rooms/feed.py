@@ -4,7 +4,9 @@ then what it says while it is open; each event once, and each utterance's result
 Two sources: the bus (every process's events: a history of the last `history_len` and a live
 subscription) and this process's own events (bus/local.py: an on-prem gateway's fallback
 transcripts while its uplink is down). The subscription starts before the history is read, so
-that nothing published in between is lost; what arrives both ways is sent once (Seen).
+that nothing published in between is lost; what arrives both ways is sent once (Seen). Between
+the history and the live events, the roster: every student seated in the room, whichever process
+seated them (the seats on the bus keep their names).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from streamserver.bus import Bus
 from streamserver.bus.local import LocalFeeds
 from streamserver.bus.redis import BusError
 from streamserver.events import RESULT_TYPES, TranscriptionSourceEvent, TranscriptPartialEvent, event_type
+from streamserver.rooms.registry import Room
 
 SUBSCRIBED_WAIT_S = 1.0  # how long the history waits for the subscription to be counted
 
@@ -59,8 +62,8 @@ def _remember(kept: dict[str, None], key: str, most: int) -> None:
 
 
 class DashboardFeed:
-    """One dashboard's feed of a room, as an async context manager: `history()` once, then
-    `live()` until the bus drops it or the dashboard goes. `open_feeds` counts the feeds open
+    """One dashboard's feed of a room, as an async context manager: `history()` once, `roster()`,
+    then `live()` until the bus drops it or the dashboard goes. `open_feeds` counts the feeds open
     per room (rooms/upkeep.py keeps a watched room alive). With `fallback` (a gateway that
     transcribes on its own while its uplink is down) a bus that is away gives an empty history
     instead of an error."""
@@ -103,6 +106,20 @@ class DashboardFeed:
         if not self._local.central:
             events.append(TranscriptionSourceEvent(self.room_id, "local").to_dict())
         return events
+
+    async def roster(self, room: Room) -> list[dict]:
+        """Who is in the room now: every student seated through any process of the deployment
+        (the seats on the bus), not only this one's, for a dashboard whose feed any process may
+        serve. Whether a student speaks is known for this process's own students; another's say
+        so with their next speaking event. With the bus away, this process's students."""
+        here = room.students
+        try:
+            seated = await self._bus.seated(room.room_id)
+        except BusError:
+            return room.roster()
+        roster = [{"student_id": student_id, "student_name": name or (here[student_id].name if student_id in here else None),
+                   "speaking": student_id in here and here[student_id].speaking} for student_id, name in seated.items()]
+        return roster + [s for s in room.roster() if s["student_id"] not in seated]
 
     async def live(self) -> AsyncIterator[str]:
         """The room's events from now on, each once; it ends when the bus drops the subscription
