@@ -398,8 +398,10 @@ def _late_dashboard(browser, page_url: str, students: int) -> dict:  # noqa: ANN
     listed_s = round(time.monotonic() - started, 2)
     page.wait_for_timeout(500)  # a long task is reported once it has ended
     state = _page_state(page)
+    page.fill("#student-search", "student 2345")  # the names came with the roster
+    found = page.eval_on_selector_all("#students > li:not([hidden]) .student-name", "els => els.map(e => e.textContent)")
     page.close()
-    return {"listed_s": listed_s, "students": state["students"], "long_tasks": state["long"]}
+    return {"listed_s": listed_s, "students": state["students"], "long_tasks": state["long"], "found": found}
 
 
 def verdict(figures: dict, lecture: Lecture, groups_shown_most: int) -> dict:

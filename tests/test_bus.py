@@ -29,8 +29,9 @@ class AnyBus(Protocol):
     def subscribe(self, room_id: str) -> AsyncIterator[str]: ...
     async def history(self, room_id: str, limit: int = 200) -> list[str]: ...
     async def subscriber_count(self, room_id: str) -> int: ...
-    async def take_seat(self, room_id: str, student_id: str, limit: int, lease_s: float, holder: str) -> bool: ...
-    async def renew_seats(self, seats: dict[str, list[str]], lease_s: float, holder: str) -> None: ...
+    async def take_seat(self, room_id: str, student_id: str, limit: int, lease_s: float, holder: str, name: str = "") -> bool: ...
+    async def seated(self, room_id: str) -> dict[str, str]: ...
+    async def renew_seats(self, seats: dict[str, dict[str, str]], lease_s: float, holder: str) -> None: ...
     async def release_seat(self, room_id: str, student_id: str, holder: str) -> None: ...
     async def close(self) -> None: ...
 
@@ -222,26 +223,28 @@ def test_seats_limit_reconnect_and_release(make_bus: MakeBus) -> None:
 
 def test_seated_is_the_whole_room_by_name(make_bus: MakeBus) -> None:
     """seated(): every student with a live seat, whichever gateway holds it, with the name given
-    when it was taken; a released or expired seat is gone from it, and a full room's refused
-    student never appears."""
-    lease = 0.4
+    when it was taken; a released or expired seat is gone from it, a full room's refused student
+    never appears, and a seat renewed after it expired (its gateway was cut off from the bus for
+    longer than a lease) comes back with the name the renewal gives."""
+    lease = 1.0
 
     async def body() -> None:
         bus, r = make_bus(), room()
         try:
             assert await bus.seated(r) == {}
-            assert await bus.take_seat(r, "ann", 3, 30, "gw-a", "Ann Lee")
             assert await bus.take_seat(r, "bo", 3, lease, "gw-b", "Bo 王")
+            assert await bus.take_seat(r, "ann", 3, 30, "gw-a", "Ann Lee")
             assert await bus.take_seat(r, "cy", 3, 30, "gw-b")  # no name given
             assert not await bus.take_seat(r, "dee", 3, 30, "gw-a", "Dee")  # full
             assert await bus.seated(r) == {"ann": "Ann Lee", "bo": "Bo 王", "cy": ""}
             assert await bus.take_seat(r, "ann", 3, 30, "gw-b", "Ann L.")  # a reconnect, renamed
             await bus.release_seat(r, "cy", "gw-b")
             assert await bus.seated(r) == {"ann": "Ann L.", "bo": "Bo 王"}
-            await asyncio.sleep(lease + 0.1)  # bo's gateway stopped renewing
+            await asyncio.sleep(lease + 0.2)  # bo's gateway stopped renewing
             assert await bus.seated(r) == {"ann": "Ann L."}
-            assert await bus.take_seat(r, "bo", 3, 30, "gw-b")  # back without a name: none kept from before
-            assert await bus.seated(r) == {"ann": "Ann L.", "bo": ""}
+            await bus.renew_seats({r: {"bo": "Bo 王", "ann": "ignored: still seated"}}, 30, "gw-b")
+            assert await bus.seated(r) == {"ann": "Ann L.", "bo": "Bo 王"}
+            assert await bus.seated(room()) == {}  # a room nobody sat in
         finally:
             await bus.close()
 
@@ -260,11 +263,11 @@ def test_seat_lease_expires_unless_renewed(make_bus: MakeBus) -> None:
             assert await bus.take_seat(r, "bo", 2, lease, "gw-b")
             for _ in range(3):  # 0.6 s: ann renewed by gateway A, bo's gateway silent
                 await asyncio.sleep(lease / 2)
-                await bus.renew_seats({r: ["ann"]}, lease, "gw-a")
+                await bus.renew_seats({r: {"ann": "Ann"}}, lease, "gw-a")
             assert await bus.take_seat(r, "cy", 2, lease, "gw-b")
             assert not await bus.take_seat(r, "dee", 2, lease, "gw-b")
             await asyncio.sleep(lease + 0.1)  # every lease ran out
-            await bus.renew_seats({r: ["ann"]}, lease, "gw-a")  # ann is still on gateway A: seated again
+            await bus.renew_seats({r: {"ann": "Ann"}}, lease, "gw-a")  # ann is still on gateway A: seated again
             assert await bus.take_seat(r, "dee", 2, lease, "gw-b")
             assert not await bus.take_seat(r, "eve", 2, lease, "gw-b")
         finally:

@@ -48,3 +48,4 @@ def test_the_dashboard_keeps_up_with_a_lecture(redis_url, tmp_path):
     # A teaching assistant's dashboard opened once the hall is seated: the whole room in its roster.
     assert checks["late_dashboard_no_task_over_200ms"], figures["late_dashboard"]
     assert figures["late_dashboard"]["students"].startswith(f"{STUDENTS} online"), figures["late_dashboard"]
+    assert figures["late_dashboard"]["found"] == ["Student 2345"], figures["late_dashboard"]

@@ -54,10 +54,10 @@ class Bus(Protocol):
         """Every student with a live seat in the room, through any process: student -> name
         ("" when the seat was taken without one)."""
 
-    async def renew_seats(self, seats: dict[str, list[str]], lease_s: float, holder: str) -> None:
-        """Extend holder's leases on its students' seats (room_id -> student ids) to lease_s from
-        now; a seat that expired meanwhile is taken again, even past the limit (the student is
-        here: new students wait until the room is below it)."""
+    async def renew_seats(self, seats: dict[str, dict[str, str]], lease_s: float, holder: str) -> None:
+        """Extend holder's leases on its students' seats (room_id -> student id -> name) to lease_s
+        from now; a seat that expired meanwhile is taken again with its name, even past the limit
+        (the student is here: new students wait until the room is below it)."""
 
     async def release_seat(self, room_id: str, student_id: str, holder: str) -> None:
         """End holder's lease; the seat is free once no process holds the student any more."""

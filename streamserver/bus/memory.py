@@ -118,15 +118,19 @@ class MemoryBus:
         return True
 
     async def seated(self, room_id: str) -> dict[str, str]:
+        if room_id not in self._seats:
+            return {}
         seats = self._live_seats(room_id)
         names = self._seat_names.get(room_id, {})
         return {student_id: names.get(student_id, "") for student_id in seats}
 
-    async def renew_seats(self, seats: dict[str, list[str]], lease_s: float, holder: str) -> None:
+    async def renew_seats(self, seats: dict[str, dict[str, str]], lease_s: float, holder: str) -> None:
         end = time.monotonic() + lease_s
         for room_id, students in seats.items():
             live = self._live_seats(room_id)
-            for student_id in students:
+            for student_id, name in students.items():
+                if student_id not in live and name:  # taken again: its name went with its first seat
+                    self._seat_names[room_id][student_id] = name
                 live.setdefault(student_id, {})[holder] = end
 
     async def release_seat(self, room_id: str, student_id: str, holder: str) -> None:

@@ -3,7 +3,7 @@ processes share rooms through it.
 
 Keys (streamserver/bus/keys.py): the room's channel, its history stream, its record and its
 seats; seat leases are in ms of Redis's own clock, so the processes' clocks never matter, and
-both seat keys expire with their last lease.
+the seat keys expire with their last lease.
 The hiredis parser is used: redis-py picks it by default whenever hiredis is installed.
 On a Redis Cluster (bus/connect.py) a room's keys share its shard's hash tag (keys.KeyLayout), so
 that each script here touches one slot; its events go out with plain PUBLISH, which the cluster
@@ -97,18 +97,28 @@ return 1
 _SEATED = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local names = {}
+local flat = redis.call('HGETALL', KEYS[3])
+for i = 1, #flat, 2 do
+  names[flat[i]] = flat[i + 1]
+end
 local out = {}
 for _, student in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
   out[#out + 1] = student
-  out[#out + 1] = redis.call('HGET', KEYS[3], student) or ''
+  out[#out + 1] = names[student] or ''
 end
 return out
 """
-# ARGV: lease_ms, holder, student... (a seat that expired meanwhile is taken again)
+# ARGV: lease_ms, holder, then student, name for each (a seat that expired meanwhile is taken
+# again, with its name: its first seat's went with it)
 _RENEW_SEATS = _SEATS + """
 local expiry = now + tonumber(ARGV[1])
-for i = 3, #ARGV do
+for i = 3, #ARGV, 2 do
+  local seated = redis.call('ZSCORE', KEYS[1], ARGV[i])
   hold(ARGV[i], ARGV[2], expiry)
+  if not seated and ARGV[i + 1] ~= '' then
+    redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
+  end
 end
 keep()
 return 0
@@ -374,18 +384,22 @@ class RedisBus:
             raise BusError(f"reading the seats of room {room_id!r} failed: {e}") from e
         return dict(zip(flat[::2], flat[1::2]))
 
-    async def renew_seats(self, seats: dict[str, list[str]], lease_s: float, holder: str) -> None:
+    async def renew_seats(self, seats: dict[str, dict[str, str]], lease_s: float, holder: str) -> None:
         """One round trip for every room."""
         if not seats:
             return
+
+        def args(students: dict[str, str]) -> list[str | int]:
+            return [_ms(lease_s), holder, *(item for pair in students.items() for item in pair)]
+
         try:
             if self._cluster:  # rooms on several primaries: one script call each, side by side
-                await asyncio.gather(*(self._renew_seats(keys=self.keys.seats(room_id), args=[_ms(lease_s), holder, *students])
+                await asyncio.gather(*(self._renew_seats(keys=self.keys.seats(room_id), args=args(students))
                                        for room_id, students in seats.items()))
                 return
             async with self._redis.pipeline(transaction=False) as pipe:
                 for room_id, students in seats.items():
-                    await self._renew_seats(keys=self.keys.seats(room_id), args=[_ms(lease_s), holder, *students], client=pipe)
+                    await self._renew_seats(keys=self.keys.seats(room_id), args=args(students), client=pipe)
                 await pipe.execute()
         except _FAILURES as e:
             raise BusError(f"renewing seats failed: {e}") from e

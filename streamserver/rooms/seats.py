@@ -68,7 +68,8 @@ class SeatKeeper:
         every room)."""
         while True:
             await asyncio.sleep(self.lease_s / 3)
-            held = {room_id: list(room.students) for room_id, room in self.rooms.rooms.items() if room.students}
+            held = {room_id: {s.student_id: s.name for s in room.students.values()}
+                    for room_id, room in self.rooms.rooms.items() if room.students}
             if not held:
                 continue
             try:
