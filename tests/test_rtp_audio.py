@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import fractions
 import inspect
+import json
 import re
 import threading
 import time
@@ -73,6 +74,11 @@ def test_the_aiortc_internals_it_relies_on_are_there():
     assert "RtpPacket.parse(data, self._rtp_header_extensions_map)" in inspect.getsource(RTCDtlsTransport._handle_rtp_data)
     # the methods overridden, as aiortc calls them
     assert _parameters(RTCRtpReceiver.receive) == ["self", "parameters"]
+    from aiortc.rtcsctptransport import RTCSctpTransport  # webrtc._text_must_decode
+
+    assert _parameters(RTCSctpTransport._data_channel_receive) == ["self", "stream_id", "pp_id", "data"]
+    assert "await self._data_channel_receive(stream_id, pp_id, data)" in inspect.getsource(RTCSctpTransport._receive)
+    assert "self._data_channels: dict[int, RTCDataChannel] = {}" in inspect.getsource(RTCSctpTransport.__init__)
     assert _parameters(RTCRtpReceiver._handle_rtp_packet) == ["self", "packet", "arrival_time_ms"]
     assert _parameters(RTCRtpReceiver._handle_rtcp_packet) == ["self", "packet"]
     assert _parameters(RTCRtpReceiver._handle_disconnect) == ["self"]
@@ -320,6 +326,59 @@ def test_a_peer_is_decoded_in_the_event_loop_and_ends_once(packets):
     assert sum(g.size for g in got) >= 60 * SAMPLES and all(g.dtype == np.int16 for g in got)
     assert ended == [True]
     assert re.findall(r"a=rtpmap:\d+ (\S+)", answer) == ["opus/48000/2"]  # Opus only
+
+
+def test_text_that_is_not_utf8_closes_the_recovery_channel_and_the_audio_goes_on(packets, caplog):
+    """aiortc decodes a data channel's text inside its transport; bytes that are not UTF-8 ended
+    the whole peer there (its audio too) with a traceback. They are refused on the channel
+    instead, with the recovery channel's clear error, and the peer's audio keeps coming."""
+    from aiortc.rtcsctptransport import WEBRTC_STRING
+
+    from streamserver.audio.pacing import Pacer
+    from streamserver.audio.pipeline import StudentAudio
+    from streamserver.transport import recovery
+    from tests.takers import UtteranceList
+
+    got: list[np.ndarray] = []
+    replies: list[str] = []
+
+    async def body() -> tuple[str, int, int]:
+        webrtc.use_host_addresses(["127.0.0.1"])
+        audio = StudentAudio("r", "s", "Ann", "en", UtteranceList(), pacer=Pacer())
+        client = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        client.addTrack(Packets(packets[:150]))
+        channel = client.createDataChannel(recovery.LABEL)
+        channel.on("message", replies.append)
+        await client.setLocalDescription(await client.createOffer())
+        server, answer = await webrtc.answer(client.localDescription.sdp, [], PcmTo(got.append), lambda: None,
+                                             CandidatePolicy.of([], ["127.0.0.1"]),
+                                             on_channel=lambda c: recovery.attach(c, audio, Pacer))
+        await client.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        for _ in range(200):
+            if channel.readyState == "open" and sum(g.size for g in got) >= 25 * SAMPLES:
+                break
+            await asyncio.sleep(0.05)
+        assert channel.readyState == "open"
+        sctp = client.sctp
+        sctp._data_channel_queue.append((channel, WEBRTC_STRING, b'{"type": "bye\xff"}'))
+        await sctp._data_channel_flush()
+        for _ in range(100):
+            if replies:
+                break
+            await asyncio.sleep(0.05)
+        before = sum(g.size for g in got)
+        await asyncio.sleep(1.0)
+        after = sum(g.size for g in got)
+        state = server.connectionState
+        await client.close()
+        await server.close()
+        return state, before, after
+
+    with caplog.at_level("WARNING"):
+        state, before, after = asyncio.run(asyncio.wait_for(body(), 30))
+    assert [json.loads(r) for r in replies] == [{"type": "error", "error": "a text message must be UTF-8"}]
+    assert state == "connected" and after - before >= 30 * SAMPLES  # a second later the audio still comes
+    assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
 
 
 def test_receiver_reports_reach_the_student_and_time_its_round_trip(packets, monkeypatch):

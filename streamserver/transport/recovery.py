@@ -34,7 +34,7 @@ import numpy as np
 
 from streamserver.audio.pacing import Pacer, TooFast
 from streamserver.audio.pipeline import StudentAudio
-from streamserver.transport.webrtc import close_soon
+from streamserver.transport.webrtc import UNDECODABLE, close_soon
 from streamserver.transport.ws_ingest import CLOSE_REPLACED, CLOSE_ROOM_CLOSED
 
 log = logging.getLogger(__name__)
@@ -109,17 +109,24 @@ def attach(channel, audio: StudentAudio, pacer: Callable[[], Pacer]) -> Callable
         channel.send(json.dumps(message))
         return True
 
+    def refuse(error: Exception) -> None:
+        log.warning("closing the recovery channel of student %s: %s", audio.student_id, error)
+        send({"type": "error", "error": str(error)})
+        audio.end_catch_up()  # the live audio is never held for a broken catch-up
+        channel.close()
+
     @channel.on("message")
     def on_message(message: str | bytes) -> None:
         try:
             handle(audio, message, send, pacer)
         except (ChannelError, TooFast) as error:
-            log.warning("closing the recovery channel of student %s: %s", audio.student_id, error)
-            send({"type": "error", "error": str(error)})
-            audio.end_catch_up()  # the live audio is never held for a broken catch-up
-            channel.close()
+            refuse(error)
         except Exception:  # a bug of ours costs this message, never the room
             log.exception("recovery message of student %s failed", audio.student_id)
+
+    @channel.on(UNDECODABLE)
+    def on_undecodable() -> None:
+        refuse(ChannelError("a text message must be UTF-8"))
 
     return send
 

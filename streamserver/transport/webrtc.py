@@ -26,6 +26,7 @@ for _noisy in ("aioice", "aiortc"):  # aioice logs every ICE check at INFO: line
     logging.getLogger(_noisy).setLevel(logging.WARNING)
 _default_host_addresses = aioice.ice.get_host_addresses
 _closing: set[asyncio.Task] = set()  # peers closing in the background (a task needs a reference until it is done)
+UNDECODABLE = "undecodable"  # a data channel's event for a text message that is not UTF-8 (_text_must_decode)
 
 
 class OfferError(ValueError):
@@ -54,6 +55,27 @@ def _opus_only() -> list:
     """aiortc's Opus capability: the one codec a student's audio may use (browsers send Opus; the
     receiver decodes nothing else)."""
     return [c for c in RTCRtpReceiver.getCapabilities("audio").codecs if c.mimeType.lower() == "audio/opus"]
+
+
+def _text_must_decode(sctp) -> None:  # noqa: ANN001 - aiortc's RTCSctpTransport
+    """aiortc decodes a data channel's text message as UTF-8 inside its SCTP transport: bytes that
+    do not decode raise there, and the UnicodeDecodeError ends the peer's DTLS transport (its
+    audio too) with a traceback in the log. Here such a message is the channel's UNDECODABLE
+    event instead, for its owner to refuse as any message it cannot use; the rest of what the
+    packet carried is handled as usual."""
+    receive = sctp._data_channel_receive
+
+    async def checked(stream_id: int, pp_id: int, data: bytes) -> None:
+        try:
+            await receive(stream_id, pp_id, data)
+        except UnicodeDecodeError:
+            channel = sctp._data_channels.get(stream_id)
+            if channel is None:  # a channel's label or protocol: it never opens
+                log.warning("refused a data channel whose name is not UTF-8")
+            else:
+                channel.emit(UNDECODABLE)
+
+    sctp._data_channel_receive = checked
 
 
 def close_soon(pc: RTCPeerConnection, after_s: float = 0.0) -> None:
@@ -133,6 +155,8 @@ async def answer(
 
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        if pc.sctp is not None:
+            _text_must_decode(pc.sctp)
         for other in pc.getTransceivers():  # video, a second audio track: answered, never received
             if other is not audio:
                 other.direction = "inactive"
