@@ -41,7 +41,7 @@ from streamserver.loadsim.config import LoadConfig
 from streamserver.loadsim.opus_encoder import OpusEncoder, sent_as_browser
 from streamserver.loadsim.scenario import RATE, Turn, load_clips
 from streamserver.transport.dtx import is_dtx
-from streamserver.transport.rtp_audio import audio_rtcp_pace
+from streamserver.transport.rtp_audio import send_audio_rtcp
 from streamserver.loadsim.ws_student import PlayHooks
 
 log = logging.getLogger(__name__)
@@ -285,7 +285,7 @@ class FastRtp:
 
 class BrowserReports(RTCRtpSender):
     """aiortc's sender of a simulated student, its RTCP as a browser's audio sender sends it:
-    a sender report with the student's CNAME at an audio sender's pace (rtp_audio.audio_rtcp_pace,
+    a sender report with the student's CNAME at an audio sender's pace (rtp_audio.send_audio_rtcp,
     as the gateway's receiver reports), where aiortc reports every 0.5-1.5 s, so that a gateway
     handles as many reports as browsers send it; the reports count what FastRtp sent (aiortc's
     own counters see none of it). A BYE at the end, as aiortc sends. Installed by
@@ -296,13 +296,8 @@ class BrowserReports(RTCRtpSender):
     async def _run_rtcp(self) -> None:
         """Until cancelled (aiortc's stop() waits for the two events, whatever happens here)."""
         try:
-            async for _ in audio_rtcp_pace(self._RTCRtpSender__rtcp_started):
-                try:
-                    await self._send_rtcp(self._report())
-                except Exception:  # noqa: BLE001 - one report lost; the student's stream goes on
-                    log.exception("a simulated student's sender report failed")
-        except asyncio.CancelledError:
-            pass
+            await send_audio_rtcp(self._RTCRtpSender__rtcp_started, lambda: self._send_rtcp(self._report()),
+                                  "a simulated student's sender report")
         finally:
             try:
                 await self._send_rtcp([RtcpByePacket(sources=[self._ssrc])])

@@ -35,8 +35,9 @@ import logging
 import random
 import struct
 import time
+from contextlib import suppress
 from pathlib import Path
-from typing import AsyncIterator, Callable, NamedTuple
+from typing import Awaitable, Callable, NamedTuple
 
 import aioice
 import aioice.ice
@@ -298,14 +299,18 @@ def parse_rtp(data: bytes) -> RtpAudio:
     return RtpAudio(m_pt & 0x7F, seq, ts, ssrc, data[pos:end])
 
 
-async def audio_rtcp_pace(started: asyncio.Event) -> AsyncIterator[None]:
-    """A turn every RTCP_INTERVAL_S (randomised 0.5-1.5x) until cancelled, `started` set first:
-    when an audio stream's either end sends its report (the gateway's receiver, a simulated
-    student's sender)."""
+async def send_audio_rtcp(started: asyncio.Event, send: Callable[[], Awaitable[None]], what: str) -> None:
+    """`send` a report every RTCP_INTERVAL_S (randomised 0.5-1.5x) until cancelled, `started` set
+    first: an audio stream's either end (the gateway's receiver, a simulated student's sender).
+    A report that fails is logged as `what` and the next goes out as usual."""
     started.set()
-    while True:
-        await asyncio.sleep(RTCP_INTERVAL_S * (0.5 + random.random()))
-        yield
+    with suppress(asyncio.CancelledError):
+        while True:
+            await asyncio.sleep(RTCP_INTERVAL_S * (0.5 + random.random()))
+            try:
+                await send()
+            except Exception:  # noqa: BLE001 - one report lost; the stream goes on
+                log.exception("%s failed", what)
 
 
 class _SrtpShortcut(aioice.Connection):
@@ -388,16 +393,14 @@ class AudioReceiver(RTCRtpReceiver):
     async def _run_rtcp(self) -> None:
         """Receiver reports at an audio sender's pace; aiortc's stop() waits for the two events."""
         try:
-            async for _ in audio_rtcp_pace(self._RTCRtpReceiver__rtcp_started):
-                try:
-                    if (report := self._receiver_report()) is not None:
-                        await self._send_rtcp(report)
-                except Exception:  # noqa: BLE001 - one report lost; the next goes out as usual
-                    log.exception("a receiver report to a student failed")
-        except asyncio.CancelledError:
-            pass
+            await send_audio_rtcp(self._RTCRtpReceiver__rtcp_started, self._send_receiver_report,
+                                  "a receiver report to a student")
         finally:
             self._RTCRtpReceiver__rtcp_exited.set()
+
+    async def _send_receiver_report(self) -> None:
+        if (report := self._receiver_report()) is not None:
+            await self._send_rtcp(report)
 
     def _receiver_report(self) -> RtcpRrPacket | None:
         """Loss, jitter, the extended highest sequence number (RFC 3550: wraps counted) and the
