@@ -112,14 +112,17 @@ class DashboardFeed:
         (the seats on the bus), not only this one's, for a dashboard whose feed any process may
         serve. Whether a student speaks is known for this process's own students; another's say
         so with their next speaking event. With the bus away, this process's students."""
-        here = room.students
         try:
             seated = await self._bus.seated(room.room_id)
         except BusError:
             return room.roster()
-        roster = [{"student_id": student_id, "student_name": name or (here[student_id].name if student_id in here else None),
-                   "speaking": student_id in here and here[student_id].speaking} for student_id, name in seated.items()]
-        return roster + [s for s in room.roster() if s["student_id"] not in seated]
+        here = {s["student_id"]: s for s in room.roster()}
+        roster = []
+        for student_id, name in seated.items():
+            mine = here.pop(student_id, None)  # seated through this process: its name and speaking known here
+            roster.append({"student_id": student_id, "student_name": name or (mine["student_name"] if mine else None),
+                           "speaking": bool(mine and mine["speaking"])})
+        return roster + list(here.values())  # this process's students whose seat the bus does not list (yet)
 
     async def live(self) -> AsyncIterator[str]:
         """The room's events from now on, each once; it ends when the bus drops the subscription
