@@ -98,7 +98,7 @@ class Classroom:
 
     def feed(self, room_id: str) -> DashboardFeed:
         """A dashboard's feed of the room (rooms/feed.py), counted while open (rooms/upkeep.py)."""
-        return DashboardFeed(room_id, self.bus, self.local, self.upkeep.feeds, self.sink.fallback is not None)
+        return DashboardFeed(room_id, self.bus, self.local, self.upkeep.feeds, self.sink.fallback is not None, self.settings.seat_lease_s)
 
     @property
     def transcripts(self) -> str | None:

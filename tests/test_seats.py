@@ -169,9 +169,12 @@ def test_room_limit_holds_across_gateways(redis_url):
     run(body)
 
 
-def test_seats_of_a_dead_gateway_expire(redis_url):
+def test_seats_of_a_dead_gateway_expire_and_a_dashboard_hears_its_students_left(redis_url):
     """Renewed seats outlive their lease; a gateway that stops renewing (it died) frees its
-    students' seats within one lease, without ever releasing them."""
+    students' seats within one lease, without ever releasing them. It says nothing of them
+    either: a dashboard open on another gateway is told that its two students left (not the two
+    who came in through it meanwhile), within a lease and two looks at the seats (every third of
+    a lease)."""
     lease = 1.0
 
     async def body() -> None:
@@ -180,6 +183,9 @@ def test_seats_of_a_dead_gateway_expire(redis_url):
             room = await create_room(s, a, ADMIN_TOKEN, "a gateway dies")
             token = token_of(room["student_url"])
             students = [await join(s, a, token, "ann-00000002"), await join(s, a, token, "bob-00000002")]
+            feed = await s.ws_connect(feed_url(b, room["room_id"], token_of(room["teacher_url"])))
+            assert (await feed.receive_json(timeout=5))["type"] == "history"
+            assert len((await feed.receive_json(timeout=5))["students"]) == 2
             await asyncio.sleep(2.5 * lease)  # A renews them meanwhile
             assert await refused(s, b, token, "cyd-00000002") == 429
             assert dying.seats._task is not None
@@ -189,6 +195,14 @@ def test_seats_of_a_dead_gateway_expire(redis_url):
             assert time.monotonic() - started <= lease + 0.75
             students.append(await join_when_free(s, b, token, "dee-00000002", within_s=0.5))
             assert await refused(s, b, token, "eve-00000002") == 429
+            left: list[tuple[str, float]] = []
+            while len(left) < 2 and time.monotonic() - started < 3 * lease + 2:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    if (event := await feed.receive_json(timeout=0.2))["type"] == "student_left":
+                        left.append((event["student_name"], time.monotonic() - started))
+            assert sorted(name for name, _ in left) == ["ann", "bob"], left
+            assert max(at for _, at in left) <= lease + 2 * lease / 3 + 0.75, left
+            await feed.close()
             await asyncio.gather(*(ws.close() for ws in students))
 
     run(body)

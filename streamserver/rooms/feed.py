@@ -6,7 +6,10 @@ subscription) and this process's own events (bus/local.py: an on-prem gateway's 
 transcripts while its uplink is down). The subscription starts before the history is read, so
 that nothing published in between is lost; what arrives both ways is sent once (Seen). Between
 the history and the live events, the roster: every student seated in the room, whichever process
-seated them (the seats on the bus keep their names).
+seated them (the seats on the bus keep their names). While the feed is open it looks at the seats
+every third of a seat lease: a student the dashboard was told is in the room and whose seat is gone
+without a `student_left` (the gateway that seated them died: its leases ran out) is announced to
+this dashboard as left.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from typing import AsyncIterator
 from streamserver.bus import Bus
 from streamserver.bus.local import LocalFeeds
 from streamserver.bus.redis import BusError
-from streamserver.events import RESULT_TYPES, TranscriptionSourceEvent, TranscriptPartialEvent, event_type
+from streamserver.events import (RESULT_TYPES, StudentEvent, TranscriptionSourceEvent, TranscriptPartialEvent,
+                                 event_type)
 from streamserver.rooms.registry import Room
 
 SUBSCRIBED_WAIT_S = 1.0  # how long the history waits for the subscription to be counted
+JOINED, LEFT = "student_joined", "student_left"
 
 
 class Seen:
@@ -68,11 +73,15 @@ class DashboardFeed:
     transcribes on its own while its uplink is down) a bus that is away gives an empty history
     instead of an error."""
 
-    def __init__(self, room_id: str, bus: Bus, local: LocalFeeds, open_feeds: dict[str, int], fallback: bool) -> None:
+    def __init__(self, room_id: str, bus: Bus, local: LocalFeeds, open_feeds: dict[str, int], fallback: bool,
+                 seat_lease_s: float = 30.0) -> None:
         self.room_id, self._bus, self._local, self._open, self._fallback = room_id, bus, local, open_feeds, fallback
         self._seen = Seen()
         self._queue: asyncio.Queue[str | None] = asyncio.Queue()
         self._collecting: asyncio.Task | None = None
+        self._seats_check_s = seat_lease_s / 3  # as often as a gateway renews its seats
+        self._present: dict[str, str] = {}  # who the dashboard was told is in the room: student -> name
+        self._watching: asyncio.Task | None = None
 
     async def __aenter__(self) -> DashboardFeed:
         self._open[self.room_id] = self._open.get(self.room_id, 0) + 1
@@ -83,9 +92,10 @@ class DashboardFeed:
     async def __aexit__(self, *exc: object) -> None:
         self._open[self.room_id] -= 1
         self._local.unlisten(self.room_id, self._queue)
-        if self._collecting is not None:
-            self._collecting.cancel()
-            await asyncio.gather(self._collecting, return_exceptions=True)
+        for task in (self._collecting, self._watching):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def history(self) -> list[dict]:
         """The room's recent events, oldest first, as the dashboard replays them. Raises
@@ -122,14 +132,47 @@ class DashboardFeed:
             mine = here.pop(student_id, None)  # seated through this process: its name and speaking known here
             roster.append({"student_id": student_id, "student_name": name or (mine["student_name"] if mine else None),
                            "speaking": bool(mine and mine["speaking"])})
-        return roster + list(here.values())  # this process's students whose seat the bus does not list (yet)
+        roster += here.values()  # this process's students whose seat the bus does not list (yet)
+        self._present = {s["student_id"]: s["student_name"] or "" for s in roster}
+        if self._watching is None:
+            self._watching = asyncio.create_task(self._watch_seats(room))
+        return roster
+
+    async def _watch_seats(self, room: Room) -> None:
+        """Announce to this dashboard, as left, the students it was told are here whose seats are
+        gone without their `student_left`: a gateway that died never says it. A student is
+        announced after two looks in a row without a seat: a gateway releases a seat just before
+        it publishes the student's own `student_left`, which comes between the two. A student
+        who comes back is announced by their own `student_joined`, published only once their
+        seat is taken again: a look at the seats that misses them comes before it, and so does
+        what it announces."""
+        missing: set[str] = set()
+        while True:
+            await asyncio.sleep(self._seats_check_s)
+            try:
+                seated = await self._bus.seated(room.room_id)
+            except BusError:
+                continue  # the bus is away: the dashboard reconnects, or the next look finds it back
+            now_missing = {s for s in self._present if s not in seated and s not in room.students}
+            for student_id in now_missing & missing:
+                self._queue.put_nowait(StudentEvent(self.room_id, student_id, self._present.pop(student_id), LEFT).to_json())
+            missing = now_missing - missing
 
     async def live(self) -> AsyncIterator[str]:
         """The room's events from now on, each once; it ends when the bus drops the subscription
         (the dashboard then reconnects and replays the history)."""
         while (event := await self._queue.get()) is not None:
             if self._seen.first(event):
+                if (kind := event_type(event)) in (JOINED, LEFT):  # a few a second, even in a lecture
+                    self._note_presence(kind, json.loads(event))
                 yield event
+
+    def _note_presence(self, kind: str, event: dict) -> None:
+        student_id = event.get("student_id")
+        if kind == JOINED:
+            self._present[student_id] = event.get("student_name") or ""
+        else:
+            self._present.pop(student_id, None)
 
 
 async def _collect(events: AsyncIterator[str], queue: asyncio.Queue[str | None]) -> None:
