@@ -28,12 +28,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import bisect
 import heapq
 import json
 import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -308,6 +310,31 @@ def _end_trace(page, cdp, path: Path) -> None:  # noqa: ANN001 - Playwright's pa
     cdp.send("IO.close", {"handle": complete["stream"]})
 
 
+def trace_summary(path: Path) -> dict:
+    """Where the page's main thread went, from a --trace file: seconds in tasks, layouts,
+    paint-property updates and paints, and how many animation frames laid the page out once,
+    twice... inside their callbacks (a read of a size after a change forces a layout there)."""
+    events = json.loads(path.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    mains = {(e["pid"], e["tid"]) for e in events
+             if e.get("name") == "thread_name" and e.get("args", {}).get("name") == "CrRendererMain"}
+    busy: Counter = Counter()
+    for e in events:
+        if (e.get("pid"), e.get("tid")) in mains and e.get("ph") == "X" and e.get("name") == "RunTask":
+            busy[(e["pid"], e["tid"])] += e.get("dur", 0)
+    page = busy.most_common(1)[0][0]  # the lecture's page: the busiest renderer
+    spans = [e for e in events if (e.get("pid"), e.get("tid")) == page and e.get("ph") == "X"]
+    seconds: Counter = Counter()
+    for e in spans:
+        seconds[e["name"]] += e.get("dur", 0) / 1e6
+    layouts = sorted(e["ts"] for e in spans if e["name"] == "Layout")
+    per_frame = Counter(bisect.bisect_left(layouts, f["ts"] + f["dur"]) - bisect.bisect_left(layouts, f["ts"])
+                        for f in spans if f["name"] == "FireAnimationFrame")
+    return {**{f"{name}_s": round(seconds[name], 2) for name in ("RunTask", "FunctionCall", "Layout", "PrePaint", "Paint")},
+            "layouts": len(layouts), "frames_by_layouts_inside": {str(k): v for k, v in sorted(per_frame.items())},
+            "longest_tasks_ms": sorted((round(e["dur"] / 1000) for e in spans if e["name"] == "RunTask"), reverse=True)[:5]}
+
+
 def _groups_shown(page) -> list[dict]:  # noqa: ANN001
     return page.eval_on_selector_all("#groups > li", """els => els.map(e => ({
       group_id: Number(e.dataset.groupId), count: Number(e.dataset.count),
@@ -452,6 +479,9 @@ def main() -> None:
     args = parser.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     report = run(args.minutes, args.students, args.early_s, trace=args.trace)
+    if args.trace:
+        report["trace"] = trace_summary(args.trace)
+        print(f"trace: {report['trace']}")
     checks = report["checks"]
     run_record = {"when": started, "args": {"minutes": args.minutes, "students": args.students, "early_s": args.early_s}, **report}
     runs = json.loads(args.out.read_text()) if args.out.exists() else []

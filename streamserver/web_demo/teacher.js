@@ -536,19 +536,20 @@ function settleLater() {
   }
 }
 
+// Every change first, then the lists' scroll positions: the first scrollHeight lays the page out
+// once for both lists, where a change between the two reads would lay it out again.
 function settle() {
   settling = false;
+  const feedGrew = grew.feed || grew.captions;
   if (grew.counts) drawCounts();
   if (grew.queue) {
     trimQueue();
     updateQueueCount();
-    if (following.queue) placeAtBottom('queue', queue);
   }
-  if (grew.feed || grew.captions) {
-    trimFeed();
-    if (following.feed) placeAtBottom('feed', feed);
-    else if (grew.feed) jumpButton.hidden = false;
-  }
+  if (feedGrew) trimFeed();
+  if (feedGrew && !following.feed && grew.feed) jumpButton.hidden = false;
+  if (grew.queue && following.queue) placeAtBottom('queue', queue);
+  if (feedGrew && following.feed) placeAtBottom('feed', feed);
   grew.feed = grew.captions = grew.queue = grew.counts = false;
 }
 
