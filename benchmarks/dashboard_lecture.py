@@ -322,6 +322,8 @@ def trace_summary(path: Path) -> dict:
     for e in events:
         if (e.get("pid"), e.get("tid")) in mains and e.get("ph") == "X" and e.get("name") == "RunTask":
             busy[(e["pid"], e["tid"])] += e.get("dur", 0)
+    if not busy:
+        return {"error": "no renderer main thread with tasks in the trace"}
     page = busy.most_common(1)[0][0]  # the lecture's page: the busiest renderer
     spans = [e for e in events if (e.get("pid"), e.get("tid")) == page and e.get("ph") == "X"]
     seconds: Counter = Counter()

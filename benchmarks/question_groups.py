@@ -74,7 +74,7 @@ class Whitened:
 
 def within_group_whitening(rows: list[dict], vectors: np.ndarray, shrink: float) -> np.ndarray:
     """The inverse square root of the paraphrases' spread within their groups (each language's
-    mean taken out first, as the server's centring does), with `shrink` times its mean variance
+    mean taken out first; the centring's dominant direction is left in), with `shrink` times its mean variance
     added on the diagonal so that directions the training questions never vary along are not
     blown up."""
     x = vectors.astype(np.float64).copy()
@@ -189,6 +189,8 @@ def main() -> None:
                         help=f"e5 vectors whitened within the paraphrase groups of {TRAIN.parent.name}/, the shrinkage "
                              "chosen on the development half too (a comparison)")
     args = parser.parse_args()
+    if args.whiten and args.embedder != "e5":
+        parser.error("--whiten learns its projection on e5's vectors: leave --embedder at e5")
     if args.centre:
         make_centre()
         return

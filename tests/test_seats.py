@@ -313,6 +313,30 @@ def test_a_dashboard_on_any_gateway_lists_the_whole_room(redis_url):
     run(body)
 
 
+def test_presence_tells_a_dashboard_what_a_quiet_gateway_did_not():
+    """rooms/presence.py over a feed's looks at the seats: a student whose seat is gone two looks
+    in a row is announced as left, one who left by the room's own event or joined while a look
+    was on its way is not, and one announced as left whose seat came back (their gateway renewed
+    it after an outage) is announced as joined."""
+    from streamserver.rooms.presence import JOINED, LEFT, Presence
+
+    presence = Presence()
+    presence.told([{"student_id": s, "student_name": s.upper()} for s in ("ann", "bob", "cyd")])
+
+    def look(seated: set[str], joined: str | None = None) -> list[tuple[str, str, str]]:
+        presence.look_starts()
+        if joined:  # the room's own student_joined, while the look is on its way
+            presence.noted(JOINED, joined, joined.upper())
+        return presence.looked({s: s.upper() for s in seated}, here=set())
+
+    assert look({"ann"}) == []  # bob and cyd missing once: a release may be just ahead of its student_left
+    presence.noted(LEFT, "cyd", "CYD")  # ... as cyd's was
+    assert look({"ann"}, joined="dee") == [(LEFT, "bob", "BOB")]  # dee joined after the seats were read
+    assert look({"ann", "dee"}) == [] and look({"ann", "dee"}) == []
+    assert look({"ann", "dee", "bob"}) == [(JOINED, "bob", "BOB")]  # his gateway renewed his seat
+    assert presence.present == {"ann": "ANN", "bob": "BOB", "dee": "DEE"}
+
+
 def test_a_room_closed_on_one_gateway_ends_its_students_on_the_other(redis_url):
     """DELETE on gateway A: a student seated through B is sent away within the rooms' watch
     period, and B answers the room's links 403 from then on."""

@@ -7,15 +7,14 @@ transcripts while its uplink is down). The subscription starts before the histor
 that nothing published in between is lost; what arrives both ways is sent once (Seen). Between
 the history and the live events, the roster: every student seated in the room, whichever process
 seated them (the seats on the bus keep their names). While the feed is open it looks at the seats
-every third of a seat lease: a student the dashboard was told is in the room and whose seat is gone
-without a `student_left` (the gateway that seated them died: its leases ran out) is announced to
-this dashboard as left.
+every third of a seat lease, for what a gateway that went quiet does not say (rooms/presence.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import AsyncIterator
 
 from streamserver.bus import Bus
@@ -23,10 +22,11 @@ from streamserver.bus.local import LocalFeeds
 from streamserver.bus.redis import BusError
 from streamserver.events import (RESULT_TYPES, StudentEvent, TranscriptionSourceEvent, TranscriptPartialEvent,
                                  event_type)
+from streamserver.rooms.presence import JOINED, LEFT, Presence
 from streamserver.rooms.registry import Room
 
+log = logging.getLogger(__name__)
 SUBSCRIBED_WAIT_S = 1.0  # how long the history waits for the subscription to be counted
-JOINED, LEFT = "student_joined", "student_left"
 
 
 class Seen:
@@ -80,7 +80,8 @@ class DashboardFeed:
         self._queue: asyncio.Queue[str | None] = asyncio.Queue()
         self._collecting: asyncio.Task | None = None
         self._seats_check_s = seat_lease_s / 3  # as often as a gateway renews its seats
-        self._present: dict[str, str] = {}  # who the dashboard was told is in the room: student -> name
+        self._presence = Presence()
+        self._told: set[str] = set()  # events the seat watch put in the queue (not the room's own)
         self._watching: asyncio.Task | None = None
 
     async def __aenter__(self) -> DashboardFeed:
@@ -92,10 +93,10 @@ class DashboardFeed:
     async def __aexit__(self, *exc: object) -> None:
         self._open[self.room_id] -= 1
         self._local.unlisten(self.room_id, self._queue)
-        for task in (self._collecting, self._watching):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        tasks = [task for task in (self._collecting, self._watching) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def history(self) -> list[dict]:
         """The room's recent events, oldest first, as the dashboard replays them. Raises
@@ -125,54 +126,48 @@ class DashboardFeed:
         try:
             seated = await self._bus.seated(room.room_id)
         except BusError:
-            return room.roster()
+            seated = {}
         here = {s["student_id"]: s for s in room.roster()}
         roster = []
         for student_id, name in seated.items():
             mine = here.pop(student_id, None)  # seated through this process: its name and speaking known here
             roster.append({"student_id": student_id, "student_name": name or (mine["student_name"] if mine else None),
                            "speaking": bool(mine and mine["speaking"])})
-        roster += here.values()  # this process's students whose seat the bus does not list (yet)
-        self._present = {s["student_id"]: s["student_name"] or "" for s in roster}
+        roster += here.values()  # this process's students whose seat the bus does not list (yet, or it is away)
+        self._presence.told(roster)
         if self._watching is None:
             self._watching = asyncio.create_task(self._watch_seats(room))
         return roster
 
     async def _watch_seats(self, room: Room) -> None:
-        """Announce to this dashboard, as left, the students it was told are here whose seats are
-        gone without their `student_left`: a gateway that died never says it. A student is
-        announced after two looks in a row without a seat: a gateway releases a seat just before
-        it publishes the student's own `student_left`, which comes between the two. A student
-        who comes back is announced by their own `student_joined`, published only once their
-        seat is taken again: a look at the seats that misses them comes before it, and so does
-        what it announces."""
-        missing: set[str] = set()
+        """Every third of a seat lease, a look at the room's seats; what it finds that the room did
+        not say (a gateway that went quiet) goes to this dashboard (rooms/presence.py)."""
         while True:
             await asyncio.sleep(self._seats_check_s)
+            self._presence.look_starts()
             try:
                 seated = await self._bus.seated(room.room_id)
             except BusError:
                 continue  # the bus is away: the dashboard reconnects, or the next look finds it back
-            now_missing = {s for s in self._present if s not in seated and s not in room.students}
-            for student_id in now_missing & missing:
-                self._queue.put_nowait(StudentEvent(self.room_id, student_id, self._present.pop(student_id), LEFT).to_json())
-            missing = now_missing - missing
+            except Exception:  # noqa: BLE001 - a bug of ours costs this look, never the feed
+                log.exception("looking at the seats of room %s failed", room.room_id)
+                continue
+            for kind, student_id, name in self._presence.looked(seated, set(room.students)):
+                event = StudentEvent(self.room_id, student_id, name, kind).to_json()
+                self._told.add(event)
+                self._queue.put_nowait(event)
 
     async def live(self) -> AsyncIterator[str]:
         """The room's events from now on, each once; it ends when the bus drops the subscription
         (the dashboard then reconnects and replays the history)."""
         while (event := await self._queue.get()) is not None:
             if self._seen.first(event):
-                if (kind := event_type(event)) in (JOINED, LEFT):  # a few a second, even in a lecture
-                    self._note_presence(kind, json.loads(event))
+                if event in self._told:
+                    self._told.discard(event)
+                elif (kind := event_type(event)) in (JOINED, LEFT):  # a few a second, even in a lecture
+                    body = json.loads(event)
+                    self._presence.noted(kind, body.get("student_id"), body.get("student_name") or "")
                 yield event
-
-    def _note_presence(self, kind: str, event: dict) -> None:
-        student_id = event.get("student_id")
-        if kind == JOINED:
-            self._present[student_id] = event.get("student_name") or ""
-        else:
-            self._present.pop(student_id, None)
 
 
 async def _collect(events: AsyncIterator[str], queue: asyncio.Queue[str | None]) -> None:

@@ -72,8 +72,11 @@ def _text_must_decode(sctp) -> None:  # noqa: ANN001 - aiortc's RTCSctpTransport
             channel = sctp._data_channels.get(stream_id)
             if channel is None:  # a channel's label or protocol: it never opens
                 log.warning("refused a data channel whose name is not UTF-8")
-            else:
+                return
+            try:
                 channel.emit(UNDECODABLE)
+            except Exception:  # noqa: BLE001 - raised here it would end the peer after all
+                log.exception("refusing a data channel's message that is not UTF-8 failed")
 
     sctp._data_channel_receive = checked
 
