@@ -56,8 +56,8 @@ class Presence:
             self._gone[student_id] = name
             told.append((LEFT, student_id, name))
         for student_id in [s for s in self._gone if s in seated]:
-            name = seated[student_id] or self._gone.pop(student_id)
-            self._gone.pop(student_id, None)
+            name = seated[student_id] or self._gone[student_id]
+            del self._gone[student_id]
             self.present[student_id] = name
             told.append((JOINED, student_id, name))
         self._missing = now_missing - self._missing
