@@ -225,26 +225,33 @@ def test_seated_is_the_whole_room_by_name(make_bus: MakeBus) -> None:
     """seated(): every student with a live seat, whichever gateway holds it, with the name given
     when it was taken; a released or expired seat is gone from it, a full room's refused student
     never appears, and a seat renewed after it expired (its gateway was cut off from the bus for
-    longer than a lease) comes back with the name the renewal gives."""
+    longer than a lease) comes back with the name the renewal gives. seat_ids(): the same
+    students without their names."""
     lease = 1.0
 
     async def body() -> None:
         bus, r = make_bus(), room()
+
+        async def seated(room_id: str) -> dict[str, str]:
+            students = await bus.seated(room_id)
+            assert await bus.seat_ids(room_id) == set(students)
+            return students
+
         try:
-            assert await bus.seated(r) == {}
+            assert await seated(r) == {}
             assert await bus.take_seat(r, "bo", 3, lease, "gw-b", "Bo 王")
             assert await bus.take_seat(r, "ann", 3, 30, "gw-a", "Ann Lee")
             assert await bus.take_seat(r, "cy", 3, 30, "gw-b")  # no name given
             assert not await bus.take_seat(r, "dee", 3, 30, "gw-a", "Dee")  # full
-            assert await bus.seated(r) == {"ann": "Ann Lee", "bo": "Bo 王", "cy": ""}
+            assert await seated(r) == {"ann": "Ann Lee", "bo": "Bo 王", "cy": ""}
             assert await bus.take_seat(r, "ann", 3, 30, "gw-b", "Ann L.")  # a reconnect, renamed
             await bus.release_seat(r, "cy", "gw-b")
-            assert await bus.seated(r) == {"ann": "Ann L.", "bo": "Bo 王"}
+            assert await seated(r) == {"ann": "Ann L.", "bo": "Bo 王"}
             await asyncio.sleep(lease + 0.2)  # bo's gateway stopped renewing
-            assert await bus.seated(r) == {"ann": "Ann L."}
+            assert await seated(r) == {"ann": "Ann L."}
             await bus.renew_seats({r: {"bo": "Bo 王", "ann": "ignored: still seated"}}, 30, "gw-b")
-            assert await bus.seated(r) == {"ann": "Ann L.", "bo": "Bo 王"}
-            assert await bus.seated(room()) == {}  # a room nobody sat in
+            assert await seated(r) == {"ann": "Ann L.", "bo": "Bo 王"}
+            assert await seated(room()) == {}  # a room nobody sat in
         finally:
             await bus.close()
 

@@ -327,7 +327,7 @@ def test_presence_tells_a_dashboard_what_a_quiet_gateway_did_not():
         presence.look_starts()
         if joined:  # the room's own student_joined, while the look is on its way
             presence.noted(JOINED, joined, joined.upper())
-        return presence.looked({s: s.upper() for s in seated}, here=set())
+        return presence.looked(seated, here=set())
 
     assert look({"ann"}) == []  # bob and cyd missing once: a release may be just ahead of its student_left
     presence.noted(LEFT, "cyd", "CYD")  # ... as cyd's was

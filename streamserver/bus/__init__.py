@@ -54,6 +54,10 @@ class Bus(Protocol):
         """Every student with a live seat in the room, through any process: student -> name
         ("" when the seat was taken without one)."""
 
+    async def seat_ids(self, room_id: str) -> set[str]:
+        """The students of seated() without their names: a look that needs only who (a
+        dashboard's feed, every few seconds), at a fifth of the cost in Redis."""
+
     async def renew_seats(self, seats: dict[str, dict[str, str]], lease_s: float, holder: str) -> None:
         """Extend holder's leases on its students' seats (room_id -> student id -> name) to lease_s
         from now; a seat that expired meanwhile is taken again with its name, even past the limit

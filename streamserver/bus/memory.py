@@ -124,6 +124,9 @@ class MemoryBus:
         names = self._seat_names.get(room_id, {})
         return {student_id: names.get(student_id, "") for student_id in seats}
 
+    async def seat_ids(self, room_id: str) -> set[str]:
+        return set(self._live_seats(room_id)) if room_id in self._seats else set()
+
     async def renew_seats(self, seats: dict[str, dict[str, str]], lease_s: float, holder: str) -> None:
         end = time.monotonic() + lease_s
         for room_id, students in seats.items():

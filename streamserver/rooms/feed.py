@@ -146,7 +146,7 @@ class DashboardFeed:
             await asyncio.sleep(self._seats_check_s)
             self._presence.look_starts()
             try:
-                seated = await self._bus.seated(room.room_id)
+                seated = await self._bus.seat_ids(room.room_id)
             except BusError:
                 continue  # the bus is away: the dashboard reconnects, or the next look finds it back
             except Exception:  # noqa: BLE001 - a bug of ours costs this look, never the feed

@@ -45,9 +45,9 @@ class Presence:
     def look_starts(self) -> None:
         self._joined_meanwhile.clear()
 
-    def looked(self, seated: dict[str, str], here: set[str]) -> list[tuple[str, str, str]]:
-        """What the dashboard must be told after a look at the seats (student -> name on the bus;
-        `here`: this process's own students, seated whether the bus lists them or not), as
+    def looked(self, seated: set[str], here: set[str]) -> list[tuple[str, str, str]]:
+        """What the dashboard must be told after a look at the seats (the students seated on the
+        bus; `here`: this process's own students, seated whether the bus lists them or not), as
         (kind, student, name)."""
         now_missing = {s for s in self.present if s not in seated and s not in here} - self._joined_meanwhile
         told = []
@@ -56,8 +56,7 @@ class Presence:
             self._gone[student_id] = name
             told.append((LEFT, student_id, name))
         for student_id in [s for s in self._gone if s in seated]:
-            name = seated[student_id] or self._gone[student_id]
-            del self._gone[student_id]
+            name = self._gone.pop(student_id)
             self.present[student_id] = name
             told.append((JOINED, student_id, name))
         self._missing = now_missing - self._missing
