@@ -38,14 +38,17 @@ class BusError(RuntimeError):
     """The bus could not do what was asked: Redis unreachable, connection lost, an error reply."""
 
 
+# Redis's own clock, in ms: `now` for the seat scripts below.
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
 # KEYS[1] the room's seats (student -> end of its longest lease), KEYS[2] its leases (student ->
 # JSON {holder: lease end}), KEYS[3] the seated students' names (the roster of every gateway's
 # students): a student seated through two gateways (a reconnect) holds one seat until both let
 # go. Times are Redis's clock (ms). Expired seats go first; the keys live as long as their
 # longest lease.
-_SEATS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_SEATS = _NOW + """
 for _, student in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
   redis.call('HDEL', KEYS[2], student)
   redis.call('HDEL', KEYS[3], student)
@@ -94,9 +97,7 @@ return 1
 """
 # Every student with a live seat and their name: student, name, student, name... (read only: an
 # expired seat is skipped here and dropped by the next script that writes).
-_SEATED = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_SEATED = _NOW + """
 local names = {}
 local flat = redis.call('HGETALL', KEYS[3])
 for i = 1, #flat, 2 do
@@ -110,9 +111,7 @@ end
 return out
 """
 # Every student with a live seat, without the names (read only): a fifth of _SEATED's time.
-_SEAT_IDS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_SEAT_IDS = _NOW + """
 return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 """
 # ARGV: lease_ms, holder, then student, name for each (a seat that expired meanwhile is taken
