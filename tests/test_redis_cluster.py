@@ -124,6 +124,47 @@ def test_jobs_of_rooms_on_every_primary_are_read_and_published_once(cluster):
     assert owners == set(cluster.primaries())  # the rooms' jobs lay on every primary
 
 
+def test_jobs_that_reach_several_streams_during_a_batch_all_come_in_the_next_read(cluster):
+    """A worker's read takes what every stream got while it recognised its last batch: each
+    stream's blocked read wakes with the first job that reaches it, and the ones behind it are
+    read at once too, not a batch later."""
+    layout = KeyLayout(CLUSTER_SHARDS)
+    rooms: dict[int, str] = {}
+    while len(rooms) < 6:
+        room = f"b-{uuid.uuid4().hex[:8]}"
+        rooms.setdefault(layout.shard(room), room)
+
+    async def scenario() -> tuple[int, list[str], list[str]]:
+        gateway, worker = RedisQueue(cluster.url), RedisQueue(cluster.url, f"batch-{uuid.uuid4().hex[:6]}")
+        try:
+            await worker.ensure_group()
+            assert await worker.read(64, 50) == []  # every stream's read now blocks at Redis
+            said: list[str] = []
+            for turn in range(2):  # each stream's first job wakes its read; the second comes behind it
+                for room in rooms.values():
+                    u = Utterance(f"u{turn}-{uuid.uuid4().hex[:8]}", room, "s", "S", "en", np.zeros(1600, np.float32), 1.0, 2.0)
+                    await gateway.submit(u)
+                    said.append(u.utterance_id)
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.2)  # the worker recognising its batch
+            read = await worker.read(64, 200)
+            first_read = len(read)
+            while len(read) < len(said):
+                more = await worker.read(64, 200)
+                assert more, "a job was never read"
+                read += more
+            for eid, u in read:
+                await worker.complete(eid, u, TranscriptEvent.of(u, "hi", "en"))
+            return first_read, said, [u.utterance_id for _, u in read]
+        finally:
+            await gateway.close()
+            await worker.close()
+
+    first_read, said, read = asyncio.run(scenario())
+    assert sorted(read) == sorted(said)
+    assert first_read == len(said) == 12
+
+
 def test_a_job_counts_as_queued_only_once_a_replica_holds_it():
     """Sentinels: a submit whose replica is stalled (DEBUG SLEEP) fails, as if Redis were away,
     so that the gateway keeps the utterance and queues it again; once the replica is gone for

@@ -305,6 +305,7 @@ class RedisQueue:
         self._rooms: OrderedDict[str, str] = OrderedDict()
         self._readers: dict[int, asyncio.Task[list[Entry]]] = {}  # shard -> its stream's read in flight
         self._unread: list[Entry] = []  # read from the streams, not yet handed out
+        self._lively: set[int] = set()  # shards whose last read brought jobs
         self._next_hint_shard = 0
         self._autoclaimed: dict[int, float] = {}  # shard -> when its stale jobs were last looked for (monotonic)
         self._published: OrderedDict[str, None] = OrderedDict()  # tokens of the results this process published
@@ -526,8 +527,9 @@ class RedisQueue:
         assert self.worker, "a worker name is needed to read"
         if self.keys.shards == 1:
             return await self._read_shard(0, count, block_ms)
-        if not self._unread:
-            await self._read_shards(count, block_ms)
+        self._collect()
+        if len(self._unread) < count:
+            await self._read_shards(count, block_ms if not self._unread else 0)
         out, self._unread = self._unread[:count], self._unread[count:]
         return out
 
@@ -537,11 +539,34 @@ class RedisQueue:
         a read still blocked on a quiet stream goes on into the next call. Each blocks
         SHARD_BLOCK_MS whatever the call's block_ms (this call waits that long for them): a
         worker that looks for hints between reads calls every 20 ms, and a read per shard each
-        time was a dozen Redis calls every 20 ms of an idle worker."""
+        time was a dozen Redis calls every 20 ms of an idle worker.
+        A stream whose last read brought jobs has no read blocked on it while the worker
+        recognises them; what reached it meanwhile is read at once, without blocking, before
+        anything waits: otherwise a batch held only each stream's first job of the last batch's
+        time and the rest waited a batch longer."""
+        lively = [self._start_read(shard, count - len(self._unread), 0)
+                  for shard in self._lively if shard not in self._readers]
+        self._block_on_the_rest(count)
+        if lively:
+            await asyncio.wait(lively)
+            self._collect()
+            if self._unread:
+                return
+            self._block_on_the_rest(count)  # the lively streams that had nothing more
+        await asyncio.wait(self._readers.values(), timeout=block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
+        self._collect()
+
+    def _block_on_the_rest(self, count: int) -> None:
         for shard in range(self.keys.shards):
             if shard not in self._readers:
-                self._readers[shard] = asyncio.get_running_loop().create_task(self._read_shard(shard, count, SHARD_BLOCK_MS))
-        await asyncio.wait(self._readers.values(), timeout=block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
+                self._start_read(shard, count, SHARD_BLOCK_MS)
+
+    def _start_read(self, shard: int, count: int, block_ms: int) -> asyncio.Task[list[Entry]]:
+        task = self._readers[shard] = asyncio.get_running_loop().create_task(self._read_shard(shard, count, block_ms))
+        return task
+
+    def _collect(self) -> None:
+        """The answered reads' jobs into _unread; a failed read raised when nothing was read."""
         failure: BaseException | None = None
         for shard, task in list(self._readers.items()):
             if not task.done():
@@ -552,7 +577,12 @@ class RedisQueue:
             if (error := task.exception()) is not None:
                 failure = error
                 continue
-            self._unread += task.result()
+            entries = task.result()
+            self._unread += entries
+            if entries:
+                self._lively.add(shard)
+            else:
+                self._lively.discard(shard)
         if failure is not None and not self._unread:
             raise failure
 
