@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 from tests.redis_server import free_port
 
 ADMIN_TOKEN = "test-admin-token"
+SECRET = "server-process-test-secret"  # the servers' link secret, unless the environment sets one
 
 
 class ServerProcess:
@@ -26,7 +27,8 @@ class ServerProcess:
         tls = any(a in ("--tls-self-signed", "--tls-cert") for a in extra)
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         environ = dict(os.environ if env is None else env, STREAMSERVER_ADMIN_TOKEN=ADMIN_TOKEN)
-        environ.setdefault("STREAMSERVER_SECRET", "server-process-test-secret")  # required with --redis-url
+        environ.setdefault("STREAMSERVER_SECRET", SECRET)  # required with --redis-url
+        self.secret = environ["STREAMSERVER_SECRET"]
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"streamserver-test-{self.port}.log"
         self._log_file = self.log.open("w")
         self.proc = subprocess.Popen(

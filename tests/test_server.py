@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks.scoring import wer
 from streamserver.loadsim.clients import Dashboard, admin_headers, create_room, join_student, speech_file, token_of
+from streamserver.rooms import tokens
 from tests.server_process import ADMIN_TOKEN, ServerProcess
 
 
@@ -52,7 +53,10 @@ def test_room_api_and_bad_input_answers(small_server):
             async with s.post(offer_a, data=b"x" * 200_000, headers={"Content-Type": "application/json"}) as r:
                 assert r.status == 413
             async with s.post(f"{url}/api/rooms/nosuchroom/offer", json=good) as r:
-                assert r.status == 404
+                assert r.status == 403  # room A's link says nothing of whether another room exists
+            unknown = tokens.issue(small_server.secret, "nosuchroom", "student", 60)
+            async with s.post(f"{url}/api/rooms/nosuchroom/offer", json={**good, "token": unknown}) as r:
+                assert r.status == 404  # a valid link of a room that is gone
             feed = url.replace("http", "ws") + f"/api/rooms/{a['room_id']}/feed?token={student_a}"
             with pytest.raises(aiohttp.WSServerHandshakeError) as denied:
                 await s.ws_connect(feed)
@@ -61,6 +65,36 @@ def test_room_api_and_bad_input_answers(small_server):
                 assert r.status == 200 and (await r.json())["ok"]
 
     asyncio.run(scenario())
+
+
+def test_without_a_valid_token_a_room_that_exists_and_one_that_does_not_answer_alike(small_server):
+    """The routes of a room check the token against the path's room id before they look the room
+    up: a caller without one learns nothing of which rooms exist (and costs no Redis call)."""
+    async def answers(s: aiohttp.ClientSession, room_id: str) -> list[int]:
+        base = f"{small_server.url}/api/rooms/{room_id}"
+        out = []
+        for token in (None, "forged"):
+            body = {"sdp": "v=0\r\n", "type": "offer", **({"token": token} if token else {})}
+            async with s.post(f"{base}/offer", json=body) as r:
+                out.append(r.status)
+            params = {"token": token} if token else {}
+            async with s.get(f"{base}/feed", params=params) as r:
+                out.append(r.status)
+            async with s.get(f"{base}/transcript", params=params) as r:
+                out.append(r.status)
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            async with s.delete(base, headers=headers) as r:
+                out.append(r.status)
+        return out
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        async with aiohttp.ClientSession() as s:
+            room = await create_room(s, small_server.url, ADMIN_TOKEN, "exists")
+            return await answers(s, room["room_id"]), await answers(s, "nosuchroom")
+
+    known, unknown = asyncio.run(scenario())
+    assert known == unknown, (known, unknown)
+    assert set(known) <= {401, 403}, known
 
 
 def test_room_full_is_429(small_server, tmp_path, librivox):

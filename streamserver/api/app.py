@@ -98,6 +98,10 @@ async def _find_room(classroom: Classroom, room_id: str) -> Room:
 
 
 async def _room(request: web.Request) -> Room:
+    """The path's room. Routes ask only once the token (or the admin's) is checked against the
+    path's room id, which needs no lookup: a request without one is answered 401/403 alike for
+    a room that exists and one that does not, so the answers do not say which rooms exist, and
+    it costs no Redis call."""
     return await _find_room(request.app[CLASSROOM], request.match_info["room_id"])
 
 
@@ -111,9 +115,9 @@ async def close_room(request: web.Request) -> web.Response:
     """DELETE /api/rooms/<id>, by an admin or the room's teacher (Authorization: Bearer): every
     session of the room ends and its links stop opening it, on every gateway (the teacher's link
     still exports the class transcript until the link expires: class_transcript)."""
-    room = await _room(request)
-    if (denied := _unless_teacher(request, room.room_id)) is not None:
+    if (denied := _unless_teacher(request, request.match_info["room_id"])) is not None:
         return denied
+    room = await _room(request)
     try:
         await request.app[CLASSROOM].upkeep.close_room(room)
     except BusError as error:
@@ -240,12 +244,12 @@ def _student_name(name: object, name_field: str) -> str:
 
 
 async def offer(request: web.Request) -> web.Response:
-    room = await _room(request)
     body = await _json_body(request)
     try:
-        claim = tokens.verify(request.app[CLASSROOM].settings.secret, body.get("token"), room.room_id, "student")
+        claim = tokens.verify(request.app[CLASSROOM].settings.secret, body.get("token"), request.match_info["room_id"], "student")
     except tokens.TokenError as error:
         return _error(error.status, str(error))
+    room = await _room(request)
     sdp = body.get("sdp")
     if not isinstance(sdp, str) or body.get("type", "offer") != "offer":
         return _error(400, "expected {'sdp': <offer>, 'type': 'offer'}")
@@ -329,17 +333,17 @@ async def class_transcript(request: web.Request) -> web.Response:
     (--transcript-retention-days), and the class's end is when a teacher wants it most."""
     classroom = request.app[CLASSROOM]
     room_id = request.match_info["room_id"]
+    if not _is_admin(request):
+        credential = tokens.bearer(request.headers.get("Authorization"))
+        token = request.query.get("token") or (credential.decode() if credential else None)
+        if (denied := _check_token(request, room_id, token, "teacher")) is not None:
+            return denied
     try:
         room = await classroom.directory.find(room_id)
     except RoomClosed:
         room = None
     except BusError as error:
         return _error(503, str(error))
-    if not _is_admin(request):
-        credential = tokens.bearer(request.headers.get("Authorization"))
-        token = request.query.get("token") or (credential.decode() if credential else None)
-        if (denied := _check_token(request, room_id, token, "teacher")) is not None:
-            return denied
     fmt = request.query.get("format", "json")
     kinds = {**transcript.FORMATS, **subtitles.FORMATS}
     if fmt not in kinds:
@@ -371,9 +375,9 @@ async def class_transcript(request: web.Request) -> web.Response:
 
 async def feed(request: web.Request) -> web.StreamResponse:
     """The teacher's live feed: history first, then the roster, then events as they happen."""
-    room = await _room(request)
-    if (denied := _check_token(request, room.room_id, request.query.get("token"), "teacher")) is not None:
+    if (denied := _check_token(request, request.match_info["room_id"], request.query.get("token"), "teacher")) is not None:
         return denied
+    room = await _room(request)
     ws = feed_socket()
     await ws.prepare(request)
     async with request.app[CLASSROOM].feed(room.room_id) as events:
