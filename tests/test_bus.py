@@ -32,6 +32,7 @@ class AnyBus(Protocol):
     async def take_seat(self, room_id: str, student_id: str, limit: int, lease_s: float, holder: str, name: str = "") -> bool: ...
     async def seated(self, room_id: str) -> dict[str, str]: ...
     async def seat_ids(self, room_id: str) -> set[str]: ...
+    async def seat_count(self, room_id: str) -> int: ...
     async def renew_seats(self, seats: dict[str, dict[str, str]], lease_s: float, holder: str) -> None: ...
     async def release_seat(self, room_id: str, student_id: str, holder: str) -> None: ...
     async def close(self) -> None: ...
@@ -227,7 +228,7 @@ def test_seated_is_the_whole_room_by_name(make_bus: MakeBus) -> None:
     when it was taken; a released or expired seat is gone from it, a full room's refused student
     never appears, and a seat renewed after it expired (its gateway was cut off from the bus for
     longer than a lease) comes back with the name the renewal gives. seat_ids(): the same
-    students without their names."""
+    students without their names; seat_count(): how many."""
     lease = 1.0
 
     async def body() -> None:
@@ -236,6 +237,7 @@ def test_seated_is_the_whole_room_by_name(make_bus: MakeBus) -> None:
         async def seated(room_id: str) -> dict[str, str]:
             students = await bus.seated(room_id)
             assert await bus.seat_ids(room_id) == set(students)
+            assert await bus.seat_count(room_id) == len(students)
             return students
 
         try:

@@ -127,6 +127,9 @@ class MemoryBus:
     async def seat_ids(self, room_id: str) -> set[str]:
         return set(self._live_seats(room_id)) if room_id in self._seats else set()
 
+    async def seat_count(self, room_id: str) -> int:
+        return len(self._live_seats(room_id)) if room_id in self._seats else 0
+
     async def renew_seats(self, seats: dict[str, dict[str, str]], lease_s: float, holder: str) -> None:
         end = time.monotonic() + lease_s
         for room_id, students in seats.items():

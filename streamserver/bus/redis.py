@@ -114,6 +114,10 @@ return out
 _SEAT_IDS = _NOW + """
 return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 """
+# How many seats have a live lease (read only): O(log n), whatever the room's size.
+_SEAT_COUNT = _NOW + """
+return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+"""
 # ARGV: lease_ms, holder, then student, name for each (a seat that expired meanwhile is taken
 # again, with its name: its first seat's went with it)
 _RENEW_SEATS = _SEATS + """
@@ -212,6 +216,7 @@ class RedisBus:
         self._release_seat = self._redis.register_script(_RELEASE_SEAT)
         self._seated = self._redis.register_script(_SEATED)
         self._seat_ids = self._redis.register_script(_SEAT_IDS)
+        self._seat_count = self._redis.register_script(_SEAT_COUNT)
 
     async def publish(self, room_id: str, event_json: str, keep: bool = True) -> None:
         await self.publish_many(room_id, [(event_json, keep)])
@@ -395,6 +400,12 @@ class RedisBus:
             return set(await self._seat_ids(keys=self.keys.seats(room_id)[:1]))
         except _FAILURES as e:
             raise BusError(f"reading the seats of room {room_id!r} failed: {e}") from e
+
+    async def seat_count(self, room_id: str) -> int:
+        try:
+            return int(await self._seat_count(keys=self.keys.seats(room_id)[:1]))
+        except _FAILURES as e:
+            raise BusError(f"counting the seats of room {room_id!r} failed: {e}") from e
 
     async def renew_seats(self, seats: dict[str, dict[str, str]], lease_s: float, holder: str) -> None:
         """One round trip for every room."""

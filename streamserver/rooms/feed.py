@@ -146,6 +146,8 @@ class DashboardFeed:
             await asyncio.sleep(self._seats_check_s)
             self._presence.look_starts()
             try:
+                if not self._presence.needs_seats(await self._bus.seat_count(room.room_id)):
+                    continue
                 seated = await self._bus.seat_ids(room.room_id)
             except BusError:
                 continue  # the bus is away: the dashboard reconnects, or the next look finds it back
