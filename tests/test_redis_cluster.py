@@ -165,6 +165,55 @@ def test_jobs_that_reach_several_streams_during_a_batch_all_come_in_the_next_rea
     assert first_read == len(said) == 12
 
 
+def test_a_primary_that_hangs_holds_up_its_own_streams_only(cluster):
+    """A stream whose last read brought jobs is read again at once; when its primary does not
+    answer (hung, failing over), the jobs already read from the other primaries' streams are
+    handed out after LIVELY_WAIT_MS, not after the hung primary's pause."""
+    from streamserver.queue.redis_queue import LIVELY_WAIT_MS
+
+    layout = KeyLayout(CLUSTER_SHARDS)
+    owner = {shard: cluster.owner(key_slot(layout.jobs(shard).encode())) for shard in range(CLUSTER_SHARDS)}
+    rooms: dict[int, str] = {}
+    while len(rooms) < CLUSTER_SHARDS:
+        room = f"h-{uuid.uuid4().hex[:8]}"
+        rooms.setdefault(layout.shard(room), room)
+    hung_shard = 0
+    others = [shard for shard in rooms if owner[shard] != owner[hung_shard]][:2]
+
+    def utterance(room: str) -> Utterance:
+        return Utterance(f"u-{uuid.uuid4().hex[:8]}", room, "s", "S", "en", np.zeros(1600, np.float32), 1.0, 2.0)
+
+    async def scenario() -> tuple[float, set[str], set[str]]:
+        gateway, worker = RedisQueue(cluster.url), RedisQueue(cluster.url, f"hang-{uuid.uuid4().hex[:6]}")
+        read: list = []
+        try:
+            await worker.ensure_group()
+            for _ in range(2):
+                await gateway.submit(utterance(rooms[hung_shard]))
+            while len(read) < 2:  # the hung shard's stream brought jobs: it is read again at once next time
+                read += await worker.read(64, 200)
+            later = [utterance(rooms[shard]) for shard in others]
+            await asyncio.to_thread(cluster.node(owner[hung_shard]).ask, "CLIENT", "PAUSE", "1500", "ALL")
+            for u in later:
+                await gateway.submit(u)
+            await asyncio.sleep(0.2)  # their streams' blocked reads wake with them
+            started = time.monotonic()
+            got = await worker.read(64, 200)
+            took = time.monotonic() - started
+            read += got
+            await asyncio.sleep(1.5)  # the pause ends
+            for eid, u in read:
+                await worker.complete(eid, u, TranscriptEvent.of(u, "hi", "en"))
+            return took, {u.utterance_id for _, u in got}, {u.utterance_id for u in later}
+        finally:
+            await gateway.close()
+            await worker.close()
+
+    took, got, later = asyncio.run(scenario())
+    assert got == later
+    assert took < LIVELY_WAIT_MS / 1000 + 0.5, took
+
+
 def test_a_job_counts_as_queued_only_once_a_replica_holds_it():
     """Sentinels: a submit whose replica is stalled (DEBUG SLEEP) fails, as if Redis were away,
     so that the gateway keeps the utterance and queues it again; once the replica is gone for

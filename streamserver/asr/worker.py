@@ -278,8 +278,10 @@ class AsrWorker:
             hints = self.hint_kinds()
             busiest = None if hints is not None else self.busiest_room()
             if not self.buffer:
-                # No read-ahead: jobs this worker holds but has not started are the ones that
-                # wait for a claim if it dies, so it takes only what its next batch will use.
+                # Read only once the buffer is empty: jobs this worker holds but has not started
+                # are the ones that wait for a claim if it dies, so it asks for what its next
+                # batch will use (a cluster's streams, read side by side, may bring more: the
+                # queue keeps those for the next read).
                 block_ms = 200 if hints is None and busiest is None else 0 if self._hints_waiting else HINT_POLL_MS
                 if self._deferred:
                     block_ms = min(block_ms, DEFERRED_POLL_MS)

@@ -62,6 +62,7 @@ WORKER_CLIENT_PREFIX = "asr-worker:"  # the CLIENT SETNAME of every connection o
 HINT_AUDIO_TTL_S = 10
 HINT_AUDIO_REMEMBERED = 20_000  # utterances whose hint audio this gateway remembers sending
 FORGET_IDLE_MS = 10 * 60 * 1000  # a consumer with nothing pending, silent this long, is removed
+LIVELY_WAIT_MS = 50  # the longest a read waits for a stream's immediate re-read (a healthy one answers in ~1 ms)
 SHARD_BLOCK_MS = 1000  # how long a sharded queue's read of one stream blocks (under the sockets' 5 s timeout)
 ROOMS_REMEMBERED = 100_000  # utterances whose room (so shard) this process remembers (a sharded queue)
 
@@ -523,7 +524,8 @@ class RedisQueue:
                 raise
 
     async def read(self, count: int, block_ms: int) -> list[Entry]:
-        """New jobs for this worker (waits up to block_ms for the first)."""
+        """New jobs for this worker (waits up to block_ms for the first; on a cluster up to
+        LIVELY_WAIT_MS when block_ms is shorter, for a stream that is slow to answer)."""
         assert self.worker, "a worker name is needed to read"
         if self.keys.shards == 1:
             return await self._read_shard(0, count, block_ms)
@@ -537,22 +539,24 @@ class RedisQueue:
         """Every shard's stream is read by a task of its own, blocking there (XREADGROUP cannot
         read streams of several slots at once); what the first to answer read is handed out, and
         a read still blocked on a quiet stream goes on into the next call. Each blocks
-        SHARD_BLOCK_MS whatever the call's block_ms (this call waits that long for them): a
+        SHARD_BLOCK_MS whatever the call's block_ms (this call waits block_ms at most): a
         worker that looks for hints between reads calls every 20 ms, and a read per shard each
         time was a dozen Redis calls every 20 ms of an idle worker.
         A stream whose last read brought jobs has no read blocked on it while the worker
         recognises them; what reached it meanwhile is read at once, without blocking, before
         anything waits: otherwise a batch held only each stream's first job of the last batch's
-        time and the rest waited a batch longer."""
+        time and the rest waited a batch longer. Those reads are waited for LIVELY_WAIT_MS at
+        most (or block_ms): a primary that hangs or fails over holds up its own streams, not the
+        jobs already read from the others; its read is collected by a later call."""
         lively = [self._start_read(shard, count - len(self._unread), 0)
                   for shard in self._lively if shard not in self._readers]
         self._block_on_the_rest(count)
         if lively:
-            await asyncio.wait(lively)
+            await asyncio.wait(lively, timeout=max(block_ms, LIVELY_WAIT_MS) / 1000)
             self._collect()
+            self._block_on_the_rest(count)  # the lively streams that had nothing more
             if self._unread:
                 return
-            self._block_on_the_rest(count)  # the lively streams that had nothing more
         await asyncio.wait(self._readers.values(), timeout=block_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
         self._collect()
 
@@ -573,8 +577,10 @@ class RedisQueue:
                 continue
             del self._readers[shard]
             if task.cancelled():
+                self._lively.discard(shard)
                 continue
             if (error := task.exception()) is not None:
+                self._lively.discard(shard)  # read again by a blocked read, not at once by every call
                 failure = error
                 continue
             entries = task.result()
