@@ -338,22 +338,30 @@ def test_presence_tells_a_dashboard_what_a_quiet_gateway_did_not():
 
 
 def test_a_look_reads_who_is_seated_only_when_the_count_says_something_is_amiss():
-    """Presence.needs_seats: the live seats' count equal to the students the dashboard was told
-    are here skips reading who they are, except every FULL_LOOK_EVERY-th look; a count short or
-    long, or a student missing at the last look, reads them."""
+    """Presence.needs_seats: a live seats' count that is where the last look that read the seats
+    left it, against the students the dashboard was told are here, skips reading who they are,
+    except every FULL_LOOK_EVERY-th look; a count short or long, or a student missing at the last
+    look, reads them; a difference that lasts (a seat whose student_joined never came) does not."""
     from streamserver.rooms.presence import FULL_LOOK_EVERY, Presence
 
     presence = Presence()
     presence.told([{"student_id": s, "student_name": ""} for s in ("ann", "bob", "cyd")])
+    assert presence.needs_seats(3)  # no look has read the seats yet
+
+    def look(seated: set[str]) -> list[tuple[str, str, str]]:
+        presence.look_starts()
+        return presence.looked(seated, here=set())
+
+    assert look({"ann", "bob", "cyd"}) == []
     reads = [presence.needs_seats(3) for _ in range(2 * FULL_LOOK_EVERY)]
     assert reads == ([False] * (FULL_LOOK_EVERY - 1) + [True]) * 2
     assert presence.needs_seats(2) and presence.needs_seats(4)  # a quiet gateway's student; a seat back
-    presence.look_starts()
-    assert presence.looked({"ann", "bob"}, here=set()) == []  # cyd missing once
-    assert presence.needs_seats(3)  # ... so the next look reads the seats whatever the count
-    presence.look_starts()
-    assert presence.looked({"ann", "bob"}, here=set()) == [("student_left", "cyd", "")]
+    assert look({"ann", "bob"}) == []  # cyd missing once
+    assert presence.needs_seats(2)  # ... so the next look reads the seats whatever the count
+    assert look({"ann", "bob"}) == [("student_left", "cyd", "")]
     assert not presence.needs_seats(2)
+    assert look({"ann", "bob", "eve"}) == []  # eve's seat, whose student_joined never came
+    assert not presence.needs_seats(3) and presence.needs_seats(2)
 
 
 def test_a_room_closed_on_one_gateway_ends_its_students_on_the_other(redis_url):

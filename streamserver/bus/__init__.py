@@ -60,8 +60,8 @@ class Bus(Protocol):
 
     async def seat_count(self, room_id: str) -> int:
         """How many seats of the room have a live lease: what a dashboard's feed looks at first,
-        at a cost that does not grow with the room (it reads seat_ids() only when this differs
-        from what its dashboard was told)."""
+        at a cost that does not grow with the room (it reads seat_ids() only when this has moved
+        against what its dashboard was told: rooms/presence.py)."""
 
     async def renew_seats(self, seats: dict[str, dict[str, str]], lease_s: float, holder: str) -> None:
         """Extend holder's leases on its students' seats (room_id -> student id -> name) to lease_s

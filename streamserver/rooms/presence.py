@@ -16,8 +16,9 @@ A student who joins while a look is on its way to the bus is not taken for missi
 look may have been read before their seat was taken.
 
 A look first counts the live seats, which costs the bus the same in a room of 30 as in one of
-100,000, and reads who is seated only when the count differs from what the dashboard was told
-(needs_seats), or at least every FULL_LOOK_EVERY looks.
+100,000, and reads who is seated only when that count has moved against the students the
+dashboard was told are here since the last look that read them, when a student was missing at
+the look before, or at least every FULL_LOOK_EVERY looks (needs_seats).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class Presence:
         self._gone: dict[str, str] = {}  # announced as left by a look, not by the room itself
         self._joined_meanwhile: set[str] = set()  # joined since the current look started
         self._counted_only = 0  # looks in a row that did not read who is seated
+        # Live seats less students told here, at the last look that read the seats: a difference
+        # that lasts (a join whose event the room never published) is not a change.
+        self._offset: int | None = None
 
     def told(self, roster: list[dict]) -> None:
         """The roster the dashboard got: everyone in it is here."""
@@ -52,12 +56,14 @@ class Presence:
         self._joined_meanwhile.clear()
 
     def needs_seats(self, live_seats: int) -> bool:
-        """Whether this look must read who is seated, given how many seats are live. A count equal
-        to the students the dashboard was told are here, with nobody missing at the last look,
-        says nothing is amiss: a quiet gateway's students leave it short, a seat renewed after
-        an outage makes it long. The rare pair of opposite changes that leaves it equal (one of
-        each at once) is found by the next look that reads the seats anyway."""
-        if live_seats == len(self.present) and not self._missing and self._counted_only < FULL_LOOK_EVERY - 1:
+        """Whether this look must read who is seated, given how many seats are live. A count that
+        differs from the students the dashboard was told are here by what it did at the last
+        look that read the seats, with nobody missing then, says nothing is amiss: a quiet
+        gateway's students make it short, a seat renewed after an outage long. The rare pair of
+        opposite changes that leaves it even (one of each at once) is found by the next look that
+        reads the seats anyway."""
+        if (self._offset is not None and live_seats - len(self.present) == self._offset and not self._missing
+                and self._counted_only < FULL_LOOK_EVERY - 1):
             self._counted_only += 1
             return False
         self._counted_only = 0
@@ -78,4 +84,5 @@ class Presence:
             self.present[student_id] = name
             told.append((JOINED, student_id, name))
         self._missing = now_missing - self._missing
+        self._offset = len(seated) - len(self.present)
         return told
